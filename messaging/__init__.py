@@ -1,0 +1,81 @@
+"""warren's transport: the only package that talks to RabbitMQ (pika).
+
+Everything above it (:mod:`worker`) uses these names and catches only the errors of
+:mod:`messaging.errors`.
+"""
+
+from __future__ import annotations
+
+# Codec
+from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION, decode, encode
+
+# Errors
+from messaging.errors import (
+    BrokerConnectionError,
+    ChannelError,
+    CodecError,
+    ConfigurationError,
+    ConnectionClosed,
+    ConnectionFailed,
+    DecodeError,
+    EncodeError,
+    MessageTooLarge,
+    MessagingError,
+    PublishRejected,
+    QueueNotFound,
+    RemoteError,
+    RpcError,
+    RpcTimeout,
+    TaskError,
+    WarrenError,
+)
+
+# Links, RPC and the metadata stream
+from messaging.link import BrokerLink, Delivery, Envelope, Subscription
+from messaging.rpc_client import RpcClient
+from messaging.rpc_server import Reply, Request, RpcServer
+
+# Settings and names
+from messaging.settings import Settings, redact_url
+from messaging.stream import MetadataConsumer, MetadataItem, MetadataPublisher, StreamStopped
+from messaging.topology import Names, QueueDecl
+
+__all__ = [
+    "CONTENT_TYPE",
+    "SCHEMA_VERSION",
+    "BrokerConnectionError",
+    "BrokerLink",
+    "ChannelError",
+    "CodecError",
+    "ConfigurationError",
+    "ConnectionClosed",
+    "ConnectionFailed",
+    "DecodeError",
+    "Delivery",
+    "EncodeError",
+    "Envelope",
+    "MessageTooLarge",
+    "MessagingError",
+    "MetadataConsumer",
+    "MetadataItem",
+    "MetadataPublisher",
+    "Names",
+    "PublishRejected",
+    "QueueDecl",
+    "QueueNotFound",
+    "RemoteError",
+    "Reply",
+    "Request",
+    "RpcClient",
+    "RpcError",
+    "RpcServer",
+    "RpcTimeout",
+    "Settings",
+    "StreamStopped",
+    "Subscription",
+    "TaskError",
+    "WarrenError",
+    "decode",
+    "encode",
+    "redact_url",
+]

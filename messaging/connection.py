@@ -1,0 +1,118 @@
+"""Opening connections to RabbitMQ: parameters, identity, TLS and the connect retry."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingConnection
+
+from messaging.errors import (
+    ChannelError,
+    ConnectionClosed,
+    ConnectionFailed,
+    PublishRejected,
+    QueueNotFound,
+)
+from messaging.retry import connect_retrying
+from messaging.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: pika errors after which retrying the same connect cannot help.
+_FATAL_CONNECT_ERRORS = (
+    pika.exceptions.ProbableAuthenticationError,
+    pika.exceptions.ProbableAccessDeniedError,
+    pika.exceptions.AuthenticationError,
+)
+
+
+def connection_name(role: str) -> str:
+    """Name shown in the management UI's Connections tab: role, host and pid."""
+    return f"warren-{role}@{socket.gethostname()}:{os.getpid()}"
+
+
+def parameters(settings: Settings, role: str) -> pika.URLParameters:
+    """pika parameters with warren's heartbeat, blocked timeout, TLS and client name."""
+    params = pika.URLParameters(settings.amqp_url)
+    params.heartbeat = settings.heartbeat_s
+    params.blocked_connection_timeout = settings.blocked_connection_timeout_s
+    params.connection_attempts = 1  # retries are ours (tenacity), with jitter and a budget
+    params.socket_timeout = 10.0
+    params.client_properties = {
+        "connection_name": connection_name(role),
+        "product": "warren",
+        "warren_role": role,
+    }
+    if settings.amqp_url.startswith("amqps://"):
+        context = ssl.create_default_context(cafile=settings.amqp_ca_file or None)
+        params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
+    return params
+
+
+def connect(settings: Settings, role: str, *, timeout_s: float | None = None) -> BlockingConnection:
+    """Open a blocking connection, retrying with jittered backoff for ``timeout_s``.
+
+    Raises:
+        ConnectionFailed: the broker did not accept a connection in time, or refused the
+            credentials; the message names the URL with its password hidden.
+    """
+    budget = settings.connect_timeout_s if timeout_s is None else timeout_s
+    params = parameters(settings, role)
+    started = time.monotonic()
+    attempts = 0
+
+    def attempt() -> BlockingConnection:
+        nonlocal attempts
+        attempts += 1
+        return BlockingConnection(params)
+
+    try:
+        return connect_retrying(timeout_s=budget, retry_if=_retryable)(attempt)
+    except _FATAL_CONNECT_ERRORS as exc:
+        raise ConnectionFailed(f"broker at {settings.redacted_url} refused the credentials or vhost: {exc!r}") from None
+    except (pika.exceptions.AMQPError, OSError) as exc:
+        elapsed = time.monotonic() - started
+        raise ConnectionFailed(
+            f"could not connect to {settings.redacted_url} after {attempts} attempts in {elapsed:.1f} s: {exc!r}"
+        ) from None
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, (pika.exceptions.AMQPConnectionError, OSError)) and not isinstance(
+        exc, _FATAL_CONNECT_ERRORS
+    )
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Translate pika's exceptions raised inside the block into warren's tree."""
+    try:
+        yield
+    except pika.exceptions.UnroutableError:
+        raise QueueNotFound(f"{what}: no queue to route to (it does not exist)") from None
+    except pika.exceptions.NackError:
+        raise PublishRejected(f"{what}: the broker rejected the message (queue full or resource alarm)") from None
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            raise QueueNotFound(f"{what}: {exc.reply_text}") from None
+        raise ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})") from None
+    except (
+        pika.exceptions.AMQPConnectionError,
+        pika.exceptions.ConnectionWrongStateError,
+        pika.exceptions.ChannelWrongStateError,
+        pika.exceptions.StreamLostError,
+        pika.exceptions.ChannelClosed,
+        ConnectionError,
+        OSError,
+    ) as exc:
+        raise ConnectionClosed(f"{what}: connection lost ({exc!r})") from None
+    except pika.exceptions.AMQPChannelError as exc:
+        raise ChannelError(f"{what}: {exc!r}") from None

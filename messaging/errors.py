@@ -1,0 +1,114 @@
+"""The one exception tree of warren.
+
+Every error warren raises on purpose derives from :class:`WarrenError`. pika's and
+msgpack's exceptions never leave :mod:`messaging`: they are translated here, at the
+boundary, so callers in :mod:`worker` catch only these types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WarrenError(Exception):
+    """Base of every error raised by warren."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigurationError(WarrenError):
+    """A setting, flag or environment variable has a value warren cannot use."""
+
+
+class MessagingError(WarrenError):
+    """Something went wrong talking to RabbitMQ or handling a message."""
+
+
+class BrokerConnectionError(MessagingError):
+    """The connection to the broker failed or was lost."""
+
+
+class ConnectionFailed(BrokerConnectionError):
+    """The broker could not be reached within the retry budget."""
+
+
+class ConnectionClosed(BrokerConnectionError):
+    """An open connection or channel was closed under us (broker restart, kill, network)."""
+
+
+class ChannelError(MessagingError):
+    """The broker refused an operation on a channel (missing queue, argument mismatch...)."""
+
+
+class QueueNotFound(ChannelError):
+    """A message was published with ``mandatory`` to a queue that does not exist."""
+
+
+class PublishRejected(MessagingError):
+    """The broker did not accept a published message (nack: queue full, disk alarm...)."""
+
+
+class CodecError(MessagingError):
+    """A body could not be encoded or decoded."""
+
+
+class EncodeError(CodecError):
+    """An object cannot be put on the wire (unsupported type, too large...)."""
+
+
+class DecodeError(CodecError):
+    """A body is not a valid warren message."""
+
+    def __init__(self, message: str, data: bytes | None = None) -> None:
+        super().__init__(message)
+        self.data = data
+
+
+class MessageTooLarge(DecodeError, EncodeError):
+    """A body is larger than the configured ``max_message_bytes``."""
+
+
+class RpcError(MessagingError):
+    """Base of errors seen by an RPC caller."""
+
+
+class RpcTimeout(RpcError):
+    """No reply arrived within the call's timeout."""
+
+
+class RemoteError(RpcError):
+    """The server answered with ``ok: false``; ``result`` carries its structured detail."""
+
+    def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.result: dict[str, Any] = dict(result or {})
+
+
+class TaskError(WarrenError):
+    """A task cannot be carried out; the worker replies with ``ok: false`` and keeps serving.
+
+    ``result`` is sent back to the caller as the error's structured detail (DI-engine's
+    ``TaskFail.result``).
+    """
+
+    def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.result: dict[str, Any] = dict(result or {})
+
+
+class StorageError(WarrenError):
+    """A file on the shared volume is missing, corrupt or outside the volume."""
+
+
+class UnsafePath(StorageError):
+    """A path taken from a message would leave the shared volume."""
+
+
+class CorruptFile(StorageError):
+    """A file exists but is not what it claims to be."""
+
+
+class MissingFile(StorageError):
+    """A file that should exist was not found within the wait budget."""

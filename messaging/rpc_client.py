@@ -1,0 +1,130 @@
+"""RPC client: send a request to a queue, wait for its reply on the client's reply queue."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from messaging import replies
+from messaging.codec import decode, encode
+from messaging.errors import DecodeError, RpcTimeout
+from messaging.link import BrokerLink, Envelope, Subscription
+from messaging.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class RpcClient:
+    """Calls workers through their queues; one reply queue per client, one thread per client.
+
+    Requests are published with ``mandatory`` and confirms, so a call to a queue that
+    does not exist fails at once with :class:`~messaging.errors.QueueNotFound`; they carry
+    an ``expiration`` equal to the call's timeout, so a request nobody took in time is
+    dropped by the broker instead of being run after the caller gave up. Replies that
+    match no waiting call (late or unknown) are dropped with a log line.
+
+    Args:
+        settings: transport settings (``rpc_timeout_s`` is the default timeout).
+        role: name shown in the management UI.
+        link: an existing link of the calling thread to reuse; by default the client opens its own.
+    """
+
+    def __init__(self, settings: Settings, role: str = "client", *, link: BrokerLink | None = None) -> None:
+        self.settings = settings
+        self.link = link if link is not None else BrokerLink(settings, role)
+        self._owns_link = link is None
+        client_id = f"{role}-{uuid.uuid4().hex[:12]}"
+        self._reply_decl = self.link.names.reply_decl(client_id, expires_s=settings.reply_queue_expires_s)
+        self._replies: Subscription | None = None
+        self._waiting: set[str] = set()
+        self._arrived: dict[str, Envelope] = {}
+        self.dropped_replies = 0
+
+    @property
+    def reply_queue(self) -> str:
+        return self._reply_decl.name
+
+    def close(self) -> None:
+        """Stop consuming replies and close the link if the client opened it."""
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
+        if self._owns_link:
+            self.link.close()
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def call(self, queue: str, request: Any, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Send ``request`` to ``queue`` and return the reply's ``result``.
+
+        Raises:
+            QueueNotFound: ``queue`` does not exist (nobody serves it).
+            RpcTimeout: no reply within ``timeout_s``.
+            RemoteError: the server refused the request (``ok: false``).
+        """
+        timeout = self.settings.rpc_timeout_s if timeout_s is None else timeout_s
+        correlation_id = self.send(queue, request, timeout_s=timeout)
+        return self.wait(correlation_id, timeout_s=timeout)
+
+    def send(self, queue: str, request: Any, *, timeout_s: float | None = None) -> str:
+        """Publish a request without waiting; returns its correlation id for :meth:`wait`."""
+        timeout = self.settings.rpc_timeout_s if timeout_s is None else timeout_s
+        self._ensure_replies()
+        correlation_id = uuid.uuid4().hex
+        body = encode(request, max_bytes=self.settings.max_message_bytes)
+        self._waiting.add(correlation_id)
+        try:
+            self.link.publish(
+                queue,
+                body,
+                correlation_id=correlation_id,
+                reply_to=self.reply_queue,
+                expiration_ms=max(1, int(timeout * 1000)),
+            )
+        except BaseException:
+            self._waiting.discard(correlation_id)
+            raise
+        return correlation_id
+
+    def wait(self, correlation_id: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for the reply to an earlier :meth:`send`; see :meth:`call` for errors."""
+        timeout = self.settings.rpc_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        replies_sub = self._ensure_replies()
+        try:
+            while correlation_id not in self._arrived:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RpcTimeout(f"no reply within {timeout:.1f} s (correlation_id {correlation_id})")
+                delivery = replies_sub.get(remaining)
+                if delivery is None:
+                    continue
+                delivery.ack()
+                self._sort(delivery.envelope)
+            envelope = self._arrived.pop(correlation_id)
+        finally:
+            self._waiting.discard(correlation_id)
+        try:
+            body = decode(envelope.body, max_bytes=self.settings.max_message_bytes)
+        except DecodeError as exc:
+            raise DecodeError(f"undecodable reply: {exc.message}") from None
+        return replies.unwrap(body)
+
+    def _sort(self, envelope: Envelope) -> None:
+        corr = envelope.correlation_id
+        if corr is not None and corr in self._waiting:
+            self._arrived[corr] = envelope
+            return
+        self.dropped_replies += 1
+        logger.info("dropping a late or unknown reply (correlation_id %s)", corr)
+
+    def _ensure_replies(self) -> Subscription:
+        if self._replies is None:
+            self._replies = self.link.subscribe(self._reply_decl, prefetch=256)
+        return self._replies

@@ -1,0 +1,399 @@
+"""RPC server: consume queues, run handlers off the connection's thread, reply, then ack.
+
+Threads:
+
+* the **I/O thread** owns the consuming connection. It only moves messages: it hands
+  each delivery to the handler threads and settles (acks/nacks) what they finished, so
+  heartbeats keep flowing however long a handler runs;
+* **handler threads** (``threads`` of them) decode, dispatch to the queue's handler,
+  publish the reply on their own connection with a publisher confirm, and only then ask
+  the I/O thread to ack the request.
+
+A request is acked after its reply is confirmed; if the process dies before, the
+broker redelivers it (at-least-once: handlers must tolerate a repeat). A request
+that cannot be decoded, has the wrong content type or no ``reply_to`` is
+dead-lettered, and answered with an error when it has a ``reply_to``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from messaging import replies
+from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION, decode, encode
+from messaging.errors import (
+    BrokerConnectionError,
+    DecodeError,
+    EncodeError,
+    MessagingError,
+    QueueNotFound,
+    TaskError,
+)
+from messaging.link import BrokerLink, Delivery, Envelope, Subscription
+from messaging.settings import Settings
+from messaging.topology import QueueDecl
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded request as a handler sees it."""
+
+    body: Any
+    envelope: Envelope
+    link: BrokerLink
+    """The handler thread's own broker link, for any broker work the handler does itself."""
+
+
+@dataclass
+class Reply:
+    """What a handler returns when it must know whether its reply reached the caller.
+
+    ``on_sent`` runs after the broker confirmed the reply; ``on_failed`` when it could not be
+    delivered (the caller's reply queue is gone, or the connection died). Both run on the
+    handler thread, with the handler thread's link usable.
+    """
+
+    result: dict[str, Any]
+    on_sent: Callable[[], None] | None = None
+    on_failed: Callable[[], None] | None = None
+
+
+Handler = Callable[[Request], "dict[str, Any] | Reply"]
+
+
+@dataclass
+class _Consumer:
+    decl: QueueDecl
+    handler: Handler
+    prefetch: int
+    declare: bool
+    subscription: Subscription | None = None
+    paused: bool = False
+
+
+@dataclass(frozen=True)
+class _Job:
+    delivery: Delivery
+    handler: Handler
+
+
+class RpcServer:
+    """Serves handlers on queues; see the module docstring for the threading model.
+
+    Args:
+        settings: transport settings.
+        role: connection name prefix in the management UI.
+        threads: handler threads, i.e. how many requests run at the same time.
+    """
+
+    def __init__(self, settings: Settings, role: str, *, threads: int = 2) -> None:
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        self.settings = settings
+        self.role = role
+        self._consumers: dict[str, _Consumer] = {}
+        self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._io_link: BrokerLink | None = None
+        self._io_thread: threading.Thread | None = None
+        self._handler_threads = [
+            threading.Thread(target=self._handler_loop, name=f"{role}-handler-{i}", daemon=True) for i in range(threads)
+        ]
+        self._in_flight = 0
+        self._stop_timeout_s = 30.0
+        self._in_flight_lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    # -- configuration (thread-safe) ------------------------------------------------
+
+    def add_queue(self, decl: QueueDecl, handler: Handler, *, prefetch: int = 1, declare: bool = True) -> None:
+        """Serve ``handler`` on ``decl.name``; may be called before or after :meth:`start`."""
+        consumer = _Consumer(decl, handler, prefetch, declare)
+        self._submit_op(lambda: self._add(consumer))
+
+    def remove_queue(self, name: str) -> None:
+        """Stop consuming ``name``; its unstarted messages go back to the queue."""
+        self._submit_op(lambda: self._remove(name))
+
+    def pause(self, name: str) -> None:
+        """Stop taking messages from ``name`` until :meth:`resume` (e.g. while busy).
+
+        Ops are applied in order with acks: a pause requested by a handler takes effect
+        before that handler's request is acked, so no second message slips in.
+        """
+        self._submit_op(lambda: self._set_paused(name, True))
+
+    def resume(self, name: str) -> None:
+        """Take messages from ``name`` again."""
+        self._submit_op(lambda: self._set_paused(name, False))
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self, *, wait_s: float | None = None) -> None:
+        """Start the I/O and handler threads; with ``wait_s``, wait until consuming.
+
+        Raises:
+            MessagingError: the server could not connect within ``wait_s``.
+        """
+        self._io_thread = threading.Thread(target=self._io_loop, name=f"{self.role}-io", daemon=True)
+        self._io_thread.start()
+        for thread in self._handler_threads:
+            thread.start()
+        if wait_s is not None and not self._ready.wait(wait_s):
+            raise (
+                self.error
+                if isinstance(self.error, MessagingError)
+                else MessagingError(f"{self.role} server did not start consuming within {wait_s} s")
+            )
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop consuming, let running handlers finish (up to ``timeout_s``), settle, close.
+
+        Requests not yet started go back to their queue; a handler still running after the
+        timeout leaves its request unacked, so the broker redelivers it.
+        """
+        self._stop_timeout_s = timeout_s
+        self._stopping.set()
+        self._wake()
+        if self._io_thread is not None:
+            self._io_thread.join(timeout_s + 5.0)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self._io_thread is not None:
+            self._io_thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._io_thread is not None and self._io_thread.is_alive()
+
+    # -- I/O thread -------------------------------------------------------------------
+
+    def _io_loop(self) -> None:
+        link = BrokerLink(self.settings, self.role)
+        self._io_link = link
+        try:
+            link.open()
+            self._ready.set()
+            while not self._stopping.is_set():
+                try:
+                    self._run_ops()
+                    link.process_events(0.5)
+                    self._dispatch()
+                except BrokerConnectionError as exc:
+                    # Outages longer than one reconnect budget: keep trying until stopped.
+                    logger.error("%s server lost the broker (%s); retrying", self.role, exc.message)
+                    self._stopping.wait(2.0)
+            self._shutdown(link)
+        except BaseException as exc:  # the outermost boundary: log, record, let stop() return
+            self.error = exc
+            logger.critical("%s server stopped on an error: %s", self.role, exc, exc_info=True)
+        finally:
+            for _ in self._handler_threads:
+                self._jobs.put(None)
+            link.close()
+
+    def _shutdown(self, link: BrokerLink) -> None:
+        # Stop intake first, so no new message arrives while in-flight work drains.
+        for consumer in self._consumers.values():
+            self._unsubscribe(consumer)
+        while True:  # requests not started yet go back to their queue
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.delivery.nack(requeue=True)
+        waited = 0.0
+        while self._busy() and waited < self._stop_timeout_s:
+            self._run_ops()
+            link.process_events(0.2)
+            waited += 0.2
+        self._run_ops()
+
+    def _busy(self) -> bool:
+        with self._in_flight_lock:
+            return self._in_flight > 0
+
+    def _dispatch(self) -> None:
+        for consumer in list(self._consumers.values()):
+            sub = consumer.subscription
+            while sub is not None and (delivery := sub.get(0.0)) is not None:
+                with self._in_flight_lock:
+                    self._in_flight += 1
+                self._jobs.put(_Job(delivery, consumer.handler))
+
+    def _run_ops(self) -> None:
+        while True:
+            try:
+                op = self._ops.get_nowait()
+            except queue.Empty:
+                return
+            op()
+
+    def _submit_op(self, op: Callable[[], None]) -> None:
+        self._ops.put(op)
+        self._wake()
+
+    def _wake(self) -> None:
+        link = self._io_link
+        if link is None:
+            return
+        # When disconnected, the loop runs its ops once reconnected.
+        with contextlib.suppress(BrokerConnectionError):
+            link.call_threadsafe(lambda: None)
+
+    def _add(self, consumer: _Consumer) -> None:
+        self._consumers[consumer.decl.name] = consumer
+        self._subscribe(consumer)
+
+    def _remove(self, name: str) -> None:
+        consumer = self._consumers.pop(name, None)
+        if consumer is not None:
+            self._unsubscribe(consumer)
+
+    def _set_paused(self, name: str, paused: bool) -> None:
+        consumer = self._consumers.get(name)
+        if consumer is None or consumer.paused == paused:
+            return
+        consumer.paused = paused
+        if paused:
+            self._unsubscribe(consumer)
+        else:
+            self._subscribe(consumer)
+        logger.info("%s %s consuming %s", self.role, "paused" if paused else "resumed", name)
+
+    def _subscribe(self, consumer: _Consumer) -> None:
+        if consumer.paused or consumer.subscription is not None or self._io_link is None:
+            return
+        consumer.subscription = self._io_link.subscribe(
+            consumer.decl, prefetch=consumer.prefetch, declare=consumer.declare
+        )
+
+    def _unsubscribe(self, consumer: _Consumer) -> None:
+        sub, consumer.subscription = consumer.subscription, None
+        if sub is not None:
+            sub.close()
+
+    # -- handler threads ----------------------------------------------------------
+
+    def _handler_loop(self) -> None:
+        link = BrokerLink(self.settings, f"{self.role}-handler")
+        idle_s = max(1.0, self.settings.heartbeat_s / 3)
+        try:
+            while True:
+                try:
+                    job = self._jobs.get(timeout=idle_s)
+                except queue.Empty:
+                    self._keep_alive(link)
+                    continue
+                if job is None:
+                    return
+                try:
+                    self._handle(link, job)
+                finally:
+                    with self._in_flight_lock:
+                        self._in_flight -= 1
+                    self._wake()
+        finally:
+            link.close()
+
+    def _keep_alive(self, link: BrokerLink) -> None:
+        # An idle handler connection still owes the broker heartbeats.
+        if link.is_open:
+            try:
+                link.process_events(0.0)
+            except BrokerConnectionError:
+                logger.debug("idle handler link dropped", exc_info=True)
+
+    def _handle(self, link: BrokerLink, job: _Job) -> None:
+        envelope = job.delivery.envelope
+        problem = _envelope_problem(envelope)
+        body: Any = None
+        if problem is None:
+            try:
+                body = decode(envelope.body, max_bytes=self.settings.max_message_bytes)
+            except DecodeError as exc:
+                problem = f"undecodable request: {exc.message}"
+        if problem is not None:
+            self._reject(link, job.delivery, problem)
+            return
+        reply = self._run_handler(job.handler, Request(body, envelope, link))
+        sent = self._send_reply(link, envelope, reply)
+        callback = reply.on_sent if sent else reply.on_failed
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                logger.exception("reply callback failed (correlation_id %s)", envelope.correlation_id)
+        self._settle(job.delivery, ack=True)
+
+    def _run_handler(self, handler: Handler, request: Request) -> Reply:
+        corr = request.envelope.correlation_id
+        try:
+            result = handler(request)
+        except TaskError as exc:
+            logger.info("task refused (correlation_id %s): %s", corr, exc.message)
+            return Reply(replies.error(exc.message, exc.result))
+        except Exception as exc:  # a handler bug must not take the worker down
+            logger.exception("handler failed (correlation_id %s)", corr)
+            return Reply(replies.error(f"internal error: {type(exc).__name__}: {exc}", {"message": "internal error"}))
+        if isinstance(result, Reply):
+            return Reply(replies.ok(result.result), result.on_sent, result.on_failed)
+        return Reply(replies.ok(result))
+
+    def _send_reply(self, link: BrokerLink, envelope: Envelope, reply: Reply) -> bool:
+        assert envelope.reply_to is not None
+        try:
+            body = encode(reply.result, max_bytes=self.settings.max_message_bytes)
+        except EncodeError as exc:
+            logger.error("reply cannot be encoded (correlation_id %s): %s", envelope.correlation_id, exc)
+            body = encode(replies.error(f"reply cannot be encoded: {exc.message}"))
+        try:
+            link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id)
+        except QueueNotFound:
+            logger.warning("reply queue %s is gone; the caller will not get its reply", envelope.reply_to)
+            return False
+        except MessagingError as exc:
+            logger.warning("reply to %s could not be published: %s", envelope.reply_to, exc)
+            return False
+        return True
+
+    def _reject(self, link: BrokerLink, delivery: Delivery, problem: str) -> None:
+        envelope = delivery.envelope
+        logger.warning("dead-lettering a request from %s: %s", envelope.queue, problem)
+        if envelope.reply_to:
+            body = encode(replies.error(problem, {"message": "bad request"}))
+            try:
+                link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id)
+            except MessagingError as exc:
+                logger.info("could not answer the bad request: %s", exc)
+        self._settle(delivery, ack=False)
+
+    def _settle(self, delivery: Delivery, *, ack: bool) -> None:
+        if ack:
+            self._submit_op(delivery.ack)
+        else:
+            self._submit_op(lambda: delivery.nack(requeue=False))
+
+
+def _envelope_problem(envelope: Envelope) -> str | None:
+    if not envelope.reply_to:
+        return "request has no reply_to"
+    if not envelope.correlation_id:
+        return "request has no correlation_id"
+    if envelope.content_type not in (None, "", CONTENT_TYPE):
+        return f"request content_type is {envelope.content_type!r}, expected {CONTENT_TYPE!r}"
+    schema = envelope.headers.get("schema")
+    if schema is not None and schema != SCHEMA_VERSION:
+        return f"unsupported schema version {schema!r}"
+    return None

@@ -1,0 +1,119 @@
+"""Transport settings: one frozen object, built once at start-up from env vars and flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+from messaging.errors import ConfigurationError
+
+#: Prefix of every environment variable warren reads.
+ENV_PREFIX: Final = "WARREN_"
+_PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to reach RabbitMQ and how to behave on it.
+
+    Every field can be set by an environment variable named ``WARREN_<FIELD>`` in upper
+    case (``WARREN_AMQP_URL``, ``WARREN_PREFIX``, ``WARREN_RPC_TIMEOUT_S``...) or by the
+    matching CLI flag; flags win over the environment, which wins over the defaults.
+    """
+
+    amqp_url: str = "amqp://guest:guest@localhost:5672/%2F"
+    """Broker URL; ``amqps://`` enables TLS (see ``amqp_ca_file``)."""
+    amqp_ca_file: str = ""
+    """CA bundle to verify the broker's certificate with ``amqps://``; empty: system CAs."""
+    prefix: str = "warren"
+    """First component of every queue and exchange name; one prefix = one isolated deployment."""
+    heartbeat_s: int = 30
+    """AMQP heartbeat timeout asked of the broker; a dead peer is noticed after about twice this."""
+    blocked_connection_timeout_s: float = 60.0
+    """How long a publish may wait on a broker resource alarm before the connection is dropped."""
+    connect_timeout_s: float = 30.0
+    """Total time spent retrying (jittered exponential backoff) before a connection attempt fails."""
+    prefetch: int = 1
+    """Unacked task messages a worker holds; 1 keeps long tasks from piling up on one worker."""
+    rpc_timeout_s: float = 30.0
+    """Default time a caller waits for a reply; also sent as the request's ``expiration``."""
+    max_message_bytes: int = 8 * 1024 * 1024
+    """Largest body accepted or produced; bigger task messages are dead-lettered."""
+    metadata_queue_length: int = 8
+    """Ready metadata messages a task may queue before the collector is held back (DI-engine's Queue(8))."""
+    metadata_queue_expires_s: float = 3600.0
+    """An unused per-task metadata queue is deleted by the broker after this long."""
+    reply_queue_expires_s: float = 300.0
+    """An RPC client's reply queue outlives a dropped connection for this long, so replies wait for it."""
+
+    def __post_init__(self) -> None:
+        scheme = urlsplit(self.amqp_url).scheme
+        if scheme not in ("amqp", "amqps"):
+            raise ConfigurationError(f"amqp_url must start with amqp:// or amqps://, got {self.redacted_url!r}")
+        if not _PREFIX_RE.match(self.prefix):
+            raise ConfigurationError(f"prefix must match {_PREFIX_RE.pattern}, got {self.prefix!r}")
+        for name in ("heartbeat_s", "prefetch", "max_message_bytes", "metadata_queue_length"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in (
+            "blocked_connection_timeout_s",
+            "connect_timeout_s",
+            "rpc_timeout_s",
+            "metadata_queue_expires_s",
+            "reply_queue_expires_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+    @property
+    def redacted_url(self) -> str:
+        """The broker URL with its password replaced by ``***``, safe for logs and errors."""
+        return redact_url(self.amqp_url)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from ``WARREN_*`` variables, then apply non-``None`` ``overrides``.
+
+        Raises:
+            ConfigurationError: a variable does not parse as its field's type, or a value is out of range.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            raw = env.get(ENV_PREFIX + field.name.upper())
+            if raw is not None and raw != "":
+                values[field.name] = _parse(field.name, field.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigurationError(f"unknown settings: {sorted(unknown)}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def redact_url(url: str) -> str:
+    """Hide the password of an AMQP URL."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _parse(name: str, type_name: Any, raw: str) -> Any:
+    kind = {"int": int, "float": float, "str": str}.get(str(type_name))
+    if kind is None:
+        raise ConfigurationError(f"setting {name} has an unsupported type {type_name!r}")
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} must be a {kind.__name__}, got {raw!r}") from None

@@ -1,0 +1,112 @@
+"""Names and declarations of every queue and exchange warren uses.
+
+All names derive from one prefix (default ``warren``), so two deployments on one
+broker never collide and a test run can own a private prefix. Declarations are
+idempotent: every process declares what it needs with the same arguments, before it
+publishes or consumes, and again after each reconnect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class QueueDecl:
+    """Everything needed to (re)declare one queue."""
+
+    name: str
+    durable: bool = True
+    exclusive: bool = False
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Names:
+    """Queue and exchange names of one deployment, all under ``prefix``."""
+
+    prefix: str = "warren"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        """Fanout exchange that receives rejected, expired and unprocessable messages."""
+        return f"{self.prefix}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        """Where dead letters are kept for inspection (management UI: Get messages)."""
+        return f"{self.prefix}.dead-letter"
+
+    @property
+    def collector_tasks(self) -> str:
+        """Shared durable queue of collector tasks; every idle collector competes for it."""
+        return f"{self.prefix}.collector.tasks"
+
+    def collector_control(self, worker_id: str) -> str:
+        """A collector's own queue, for tasks about the collector it is running."""
+        return f"{self.prefix}.collector.control.{worker_id}"
+
+    def metadata(self, task_id: str) -> str:
+        """Stream of metadata (data and collector info) of one collector task."""
+        return f"{self.prefix}.metadata.{task_id}"
+
+    def learner_data(self, buffer_id: str) -> str:
+        """Data metadata handed by the coordinator to the learner owning ``buffer_id``."""
+        return f"{self.prefix}.learner.{buffer_id}"
+
+    def reply(self, client_id: str) -> str:
+        """An RPC client's reply queue."""
+        return f"{self.prefix}.reply.{client_id}"
+
+    def all_queue_patterns(self) -> str:
+        """A regular expression matching every queue of this deployment (for clean-up)."""
+        return "^" + self.prefix.replace(".", r"\.") + r"\."
+
+    # -- declarations -------------------------------------------------------------
+
+    def dead_letter_args(self) -> dict[str, Any]:
+        return {"x-dead-letter-exchange": self.dead_letter_exchange}
+
+    def dead_letter_queue_decl(self) -> QueueDecl:
+        return QueueDecl(self.dead_letter_queue)
+
+    def collector_tasks_decl(self) -> QueueDecl:
+        return QueueDecl(self.collector_tasks, arguments=self.dead_letter_args())
+
+    def collector_control_decl(self, worker_id: str) -> QueueDecl:
+        # Exclusive: the queue dies with the worker's connection, so a task sent to a dead
+        # worker fails at once (mandatory publish) instead of waiting for a timeout.
+        return QueueDecl(
+            self.collector_control(worker_id),
+            durable=False,
+            exclusive=True,
+            auto_delete=True,
+            arguments=self.dead_letter_args(),
+        )
+
+    def metadata_decl(self, task_id: str, *, max_length: int, expires_s: float) -> QueueDecl:
+        # reject-publish makes a full queue nack the publish: that is the back-pressure
+        # that holds the collector when nobody reads, like DI-engine's Queue(8).
+        return QueueDecl(
+            self.metadata(task_id),
+            arguments={
+                **self.dead_letter_args(),
+                "x-max-length": max_length,
+                "x-overflow": "reject-publish",
+                "x-expires": int(expires_s * 1000),
+            },
+        )
+
+    def learner_data_decl(self, buffer_id: str) -> QueueDecl:
+        return QueueDecl(self.learner_data(buffer_id), arguments=self.dead_letter_args())
+
+    def reply_decl(self, client_id: str, *, expires_s: float) -> QueueDecl:
+        # Not exclusive: a reply queue outlives a brief reconnect of its client (x-expires
+        # removes it once nobody uses it), so replies sent meanwhile are not lost.
+        return QueueDecl(
+            self.reply(client_id),
+            durable=False,
+            arguments={"x-expires": int(expires_s * 1000)},
+        )

@@ -1,0 +1,1 @@
+"""warren's roles: collector, coordinator and learner, and the shared-volume storage."""
