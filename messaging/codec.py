@@ -84,10 +84,9 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int | None = None
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        return msgpack.ExtType(EXT_NDARRAY, _pack_array(obj.dtype.str, obj.shape, _array_bytes(obj)))
+        return msgpack.ExtType(EXT_NDARRAY, _pack_array(*_array_bytes(obj)))
     if isinstance(obj, np.generic):
-        arr = np.asarray(obj)
-        return msgpack.ExtType(EXT_NPSCALAR, _pack_array(arr.dtype.str, (), _array_bytes(arr)))
+        return msgpack.ExtType(EXT_NPSCALAR, _pack_array(*_array_bytes(np.asarray(obj))))
     if type(obj).__module__.startswith("torch") and type(obj).__name__ in ("Tensor", "Parameter"):
         return msgpack.ExtType(EXT_TENSOR, _pack_tensor(obj))
     if isinstance(obj, tuple):
@@ -95,12 +94,13 @@ def _default(obj: Any) -> Any:
     raise EncodeError(f"cannot encode objects of type {type(obj).__module__}.{type(obj).__qualname__}")
 
 
-def _array_bytes(arr: np.ndarray[Any, Any]) -> bytes:
+def _array_bytes(arr: np.ndarray[Any, Any]) -> tuple[str, tuple[int, ...], bytes]:
+    """The little-endian dtype name, shape and raw bytes of ``arr``."""
     if arr.dtype.kind not in _SAFE_KINDS or arr.dtype.fields is not None:
         raise EncodeError(f"refusing to encode array of dtype {arr.dtype!r}: only numeric and bool dtypes")
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(arr).tobytes()
+    return arr.dtype.str, arr.shape, np.ascontiguousarray(arr).tobytes()
 
 
 def _pack_array(dtype: str, shape: tuple[int, ...], raw: bytes) -> bytes:
@@ -121,7 +121,7 @@ def _pack_tensor(tensor: torch.Tensor) -> bytes:
         arr = tensor.numpy()
     except TypeError as exc:
         raise EncodeError(f"refusing to encode tensor of dtype {tensor.dtype}: {exc}") from None
-    return _pack_array(name, tuple(tensor.shape), _array_bytes(arr))
+    return _pack_array(name, tuple(tensor.shape), _array_bytes(arr)[2])
 
 
 def _unpack_array(payload: bytes) -> tuple[str, tuple[int, ...], memoryview]:

@@ -5,9 +5,9 @@ Threads:
 * the **I/O thread** owns the consuming connection. It only moves messages: it hands
   each delivery to the handler threads and settles (acks/nacks) what they finished, so
   heartbeats keep flowing however long a handler runs;
-* **handler threads** (``threads`` of them) decode, dispatch to the queue's handler,
-  publish the reply on their own connection with a publisher confirm, and only then ask
-  the I/O thread to ack the request.
+* **handler threads** (``threads`` of them) decode and dispatch to the queue's handler,
+  then hand the reply back to the I/O thread, which publishes it with a publisher
+  confirm and only then acks the request.
 
 A request is acked after its reply is confirmed; if the process dies before, the
 broker redelivers it (at-least-once: handlers must tolerate a repeat). A request
@@ -173,6 +173,11 @@ class RpcServer:
             self._io_thread.join(timeout_s)
 
     @property
+    def reconnects(self) -> int:
+        """How often the consuming connection was re-established (0 while it never dropped)."""
+        return self._io_link.reconnects if self._io_link is not None else 0
+
+    @property
     def running(self) -> bool:
         return self._io_thread is not None and self._io_thread.is_alive()
 
@@ -287,6 +292,7 @@ class RpcServer:
     # -- handler threads ----------------------------------------------------------
 
     def _handler_loop(self) -> None:
+        # Opened only if a handler uses request.link (connects lazily on first use).
         link = BrokerLink(self.settings, f"{self.role}-handler")
         idle_s = max(1.0, self.settings.heartbeat_s / 3)
         try:
@@ -325,17 +331,17 @@ class RpcServer:
             except DecodeError as exc:
                 problem = f"undecodable request: {exc.message}"
         if problem is not None:
-            self._reject(link, job.delivery, problem)
+            logger.warning("dead-lettering a request from %s: %s", envelope.queue, problem)
+            self._finish(job.delivery, replies.error(problem, {"message": "bad request"}), ack=False)
             return
         reply = self._run_handler(job.handler, Request(body, envelope, link))
-        sent = self._send_reply(link, envelope, reply)
+        sent = self._finish(job.delivery, reply.result, ack=True)
         callback = reply.on_sent if sent else reply.on_failed
         if callback is not None:
             try:
                 callback()
             except Exception:
                 logger.exception("reply callback failed (correlation_id %s)", envelope.correlation_id)
-        self._settle(job.delivery, ack=True)
 
     def _run_handler(self, handler: Handler, request: Request) -> Reply:
         corr = request.envelope.correlation_id
@@ -346,20 +352,47 @@ class RpcServer:
             return Reply(replies.error(exc.message, exc.result))
         except Exception as exc:  # a handler bug must not take the worker down
             logger.exception("handler failed (correlation_id %s)", corr)
-            return Reply(replies.error(f"internal error: {type(exc).__name__}: {exc}", {"message": "internal error"}))
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            return Reply(replies.error(message, {"message": "internal error"}))
         if isinstance(result, Reply):
             return Reply(replies.ok(result.result), result.on_sent, result.on_failed)
         return Reply(replies.ok(result))
 
-    def _send_reply(self, link: BrokerLink, envelope: Envelope, reply: Reply) -> bool:
-        assert envelope.reply_to is not None
+    def _finish(self, delivery: Delivery, reply: dict[str, Any], *, ack: bool) -> bool:
+        """Have the I/O thread publish ``reply`` (when there is a reply_to), then settle.
+
+        Replies go out on the consuming connection, which keeps its heartbeats however long
+        the handler ran. Returns whether the broker confirmed the reply.
+        """
+        envelope = delivery.envelope
         try:
-            body = encode(reply.result, max_bytes=self.settings.max_message_bytes)
+            body = encode(reply, max_bytes=self.settings.max_message_bytes)
         except EncodeError as exc:
             logger.error("reply cannot be encoded (correlation_id %s): %s", envelope.correlation_id, exc)
             body = encode(replies.error(f"reply cannot be encoded: {exc.message}"))
+        done = threading.Event()
+        outcome: list[bool] = [False]
+
+        def on_io_thread() -> None:
+            try:
+                if envelope.reply_to:
+                    outcome[0] = self._publish_reply(envelope, body)
+                if ack:
+                    delivery.ack()
+                else:
+                    delivery.nack(requeue=False)
+            finally:
+                done.set()
+
+        self._submit_op(on_io_thread)
+        if not done.wait(self.settings.connect_timeout_s + 30.0):
+            logger.warning("reply to %s not settled in time", envelope.reply_to)
+        return outcome[0]
+
+    def _publish_reply(self, envelope: Envelope, body: bytes) -> bool:
+        assert envelope.reply_to is not None and self._io_link is not None
         try:
-            link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id)
+            self._io_link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id)
         except QueueNotFound:
             logger.warning("reply queue %s is gone; the caller will not get its reply", envelope.reply_to)
             return False
@@ -367,23 +400,6 @@ class RpcServer:
             logger.warning("reply to %s could not be published: %s", envelope.reply_to, exc)
             return False
         return True
-
-    def _reject(self, link: BrokerLink, delivery: Delivery, problem: str) -> None:
-        envelope = delivery.envelope
-        logger.warning("dead-lettering a request from %s: %s", envelope.queue, problem)
-        if envelope.reply_to:
-            body = encode(replies.error(problem, {"message": "bad request"}))
-            try:
-                link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id)
-            except MessagingError as exc:
-                logger.info("could not answer the bad request: %s", exc)
-        self._settle(delivery, ack=False)
-
-    def _settle(self, delivery: Delivery, *, ack: bool) -> None:
-        if ack:
-            self._submit_op(delivery.ack)
-        else:
-            self._submit_op(lambda: delivery.nack(requeue=False))
 
 
 def _envelope_problem(envelope: Envelope) -> str | None:

@@ -1,0 +1,68 @@
+"""Test helpers that act on the broker from the outside (management HTTP API)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+MANAGEMENT_URL = os.environ.get("WARREN_MANAGEMENT_URL", "http://localhost:15672")
+
+
+def _auth(amqp_url: str) -> str:
+    parts = urlsplit(amqp_url)
+    token = f"{parts.username or 'guest'}:{parts.password or 'guest'}".encode()
+    return "Basic " + base64.b64encode(token).decode()
+
+
+def api(amqp_url: str, method: str, path: str) -> Any:
+    """Call the management API with the credentials of ``amqp_url``."""
+    request = urllib.request.Request(MANAGEMENT_URL + path, method=method)
+    request.add_header("Authorization", _auth(amqp_url))
+    with urllib.request.urlopen(request, timeout=10) as response:
+        data = response.read()
+    return json.loads(data) if data else None
+
+
+def vhost_of(amqp_url: str) -> str:
+    path = urlsplit(amqp_url).path.lstrip("/")
+    return unquote(path) or "/"
+
+
+def connections(amqp_url: str) -> list[dict[str, Any]]:
+    vhost = quote(vhost_of(amqp_url), safe="")
+    result: list[dict[str, Any]] = api(amqp_url, "GET", f"/api/vhosts/{vhost}/connections")
+    return result
+
+
+def connection_names(amqp_url: str) -> list[str]:
+    return [c.get("client_properties", {}).get("connection_name", "") for c in connections(amqp_url)]
+
+
+def close_connections(amqp_url: str, match: Callable[[str], bool]) -> int:
+    """Close, from the broker side, every connection whose connection_name matches."""
+    closed = 0
+    for conn in connections(amqp_url):
+        if match(conn.get("client_properties", {}).get("connection_name", "")):
+            try:
+                api(amqp_url, "DELETE", "/api/connections/" + quote(conn["name"], safe=""))
+                closed += 1
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:
+                    raise
+    return closed
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll an outside condition (a file, a broker listing) until true or fail the test."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
