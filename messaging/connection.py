@@ -26,6 +26,18 @@ from messaging.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+
+class _ExpectedOutcomes(logging.Filter):
+    """Drop pika's warnings for nacks and returns: warren turns them into its own errors
+    (a full metadata queue nacks on purpose, for back-pressure), so they are not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not message.startswith(("Message was Nack'ed", "Published message was returned"))
+
+
+logging.getLogger("pika.adapters.blocking_connection").addFilter(_ExpectedOutcomes())
+
 #: pika errors after which retrying the same connect cannot help.
 _FATAL_CONNECT_ERRORS = (
     pika.exceptions.ProbableAuthenticationError,

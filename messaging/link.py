@@ -81,8 +81,10 @@ class Subscription:
         self._link = link
         self._buffer: collections.deque[Delivery] = collections.deque()
         self._channel: BlockingChannel | None = None
+        self._generation = 0
         self._tag: str | None = None
         self._cancelled_by_broker = False
+        self.paused = False
         self.closed = False
 
     @property
@@ -114,6 +116,32 @@ class Subscription:
             if delivery is not None:
                 yield delivery
 
+    def pause(self) -> None:
+        """Cancel the consumer but keep the channel, so deliveries in hand can still be acked.
+
+        Deliveries received but not yet taken with :meth:`get` go back to the queue.
+        """
+        if self.paused or self.closed:
+            return
+        self.paused = True
+        channel, tag = self._channel, self._tag
+        self._tag = None
+        while self._buffer:
+            self._buffer.popleft().nack(requeue=True)
+        if channel is not None and channel.is_open and tag is not None:
+            with translated(f"pausing the consumer on {self.queue}"):
+                channel.basic_cancel(tag)
+
+    def resume(self) -> None:
+        """Consume again after :meth:`pause`."""
+        if not self.paused or self.closed:
+            return
+        self.paused = False
+        if self._channel is not None and self._channel.is_open:
+            self._consume(self._channel, self._generation)
+        else:
+            self._link.resubscribe(self)
+
     def close(self) -> None:
         """Cancel the consumer; unsettled buffered deliveries go back to the queue."""
         if self.closed:
@@ -126,9 +154,14 @@ class Subscription:
     def _attach(self, channel: BlockingChannel, generation: int) -> None:
         self._buffer.clear()
         self._channel = channel
-        channel.basic_qos(prefetch_count=self.prefetch)
-        channel.add_on_cancel_callback(self._on_cancel)
+        self._generation = generation
+        with translated(f"setting prefetch for {self.queue}"):
+            channel.basic_qos(prefetch_count=self.prefetch)
+            channel.add_on_cancel_callback(self._on_cancel)
+        if not self.paused:
+            self._consume(channel, generation)
 
+    def _consume(self, channel: BlockingChannel, generation: int) -> None:
         def on_message(ch: BlockingChannel, method: Any, props: Any, body: bytes) -> None:
             envelope = _envelope(self.queue, method, props, body)
             tag = method.delivery_tag

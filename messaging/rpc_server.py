@@ -208,9 +208,11 @@ class RpcServer:
             link.close()
 
     def _shutdown(self, link: BrokerLink) -> None:
-        # Stop intake first, so no new message arrives while in-flight work drains.
+        # Stop intake first, so no new message arrives while in-flight work drains; the
+        # channels stay open until the end so the in-flight requests can still be acked.
         for consumer in self._consumers.values():
-            self._unsubscribe(consumer)
+            if consumer.subscription is not None:
+                consumer.subscription.pause()
         while True:  # requests not started yet go back to their queue
             try:
                 job = self._jobs.get_nowait()
@@ -224,6 +226,8 @@ class RpcServer:
             link.process_events(0.2)
             waited += 0.2
         self._run_ops()
+        for consumer in self._consumers.values():
+            self._unsubscribe(consumer)
 
     def _busy(self) -> bool:
         with self._in_flight_lock:
@@ -271,18 +275,23 @@ class RpcServer:
         if consumer is None or consumer.paused == paused:
             return
         consumer.paused = paused
-        if paused:
-            self._unsubscribe(consumer)
-        else:
+        sub = consumer.subscription
+        if sub is None:
             self._subscribe(consumer)
+        elif paused:
+            sub.pause()
+        else:
+            sub.resume()
         logger.info("%s %s consuming %s", self.role, "paused" if paused else "resumed", name)
 
     def _subscribe(self, consumer: _Consumer) -> None:
-        if consumer.paused or consumer.subscription is not None or self._io_link is None:
+        if consumer.subscription is not None or self._io_link is None:
             return
         consumer.subscription = self._io_link.subscribe(
             consumer.decl, prefetch=consumer.prefetch, declare=consumer.declare
         )
+        if consumer.paused:
+            consumer.subscription.pause()
 
     def _unsubscribe(self, consumer: _Consumer) -> None:
         sub, consumer.subscription = consumer.subscription, None

@@ -1,0 +1,1 @@
+"""The collector worker: DI-engine's comm collector on RabbitMQ."""

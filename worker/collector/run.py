@@ -1,0 +1,183 @@
+"""One collector task running on its own thread, with its own broker link.
+
+The task thread owns everything the rollout touches (envs, policy, its publishing
+connection), so the worker's consuming thread never waits on environment steps and
+pika connections never cross threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from messaging import BrokerLink, MessagingError, MetadataPublisher, QueueDecl, Settings, StreamStopped
+from worker.collector.protocol import StartTask
+from worker.collector.sink import BrokerSink
+from worker.errors import WarrenError
+from worker.rl.envs import EnvBatch
+from worker.rl.rollout import PolicySnapshot, Rollout
+from worker.storage import FileStamp, PolicyStore, StepStore
+
+logger = logging.getLogger(__name__)
+
+
+class FilePolicySource:
+    """Reads the newest policy file, and only when it changed since the last read."""
+
+    def __init__(self, store: PolicyStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self._stamp: FileStamp | None = None
+
+    def read(self) -> PolicySnapshot | None:
+        snapshot, self._stamp = self.store.read_if_changed(self.name, self._stamp)
+        if snapshot is None:
+            return None
+        return PolicySnapshot(snapshot.state_dict, snapshot.iter)
+
+
+class CollectorRun:
+    """A started ``collector_start_task``: its thread, its stop switch and its outcome.
+
+    Args:
+        start: the validated start task.
+        transport: broker settings for the task's own link.
+        metadata: the task's metadata queue.
+        steps: where step files go.
+        policies: where policy files come from.
+        policy_wait_s: how long to wait for the first policy.
+        envs: an env batch to reuse across collect tasks (``None``: a fresh one).
+    """
+
+    def __init__(
+        self,
+        start: StartTask,
+        *,
+        transport: Settings,
+        role: str,
+        metadata: QueueDecl,
+        steps: StepStore,
+        policies: PolicyStore,
+        policy_wait_s: float,
+        envs: EnvBatch | None = None,
+    ) -> None:
+        self.start_task = start
+        self.metadata = metadata
+        self.stop = threading.Event()
+        self.finished = threading.Event()
+        self.error: str | None = None
+        self.finished_at: float | None = None
+        self._transport = transport
+        self._role = role
+        self._steps = steps
+        self._policies = policies
+        self._policy_wait_s = policy_wait_s
+        self._envs = envs
+        self._rollout: Rollout | None = None
+        self._aborted = False
+        self._thread = threading.Thread(target=self._main, name=f"collector-{start.task_id}", daemon=True)
+
+    @property
+    def task_id(self) -> str:
+        return self.start_task.task_id
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout_s: float) -> dict[str, Any]:
+        """Stop the rollout after its current step and return DI-engine's ``finish_info``."""
+        self.stop.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logger.warning("task %s did not stop within %.0f s", self.task_id, timeout_s)
+        return self.finish_info()
+
+    def abort(self, timeout_s: float) -> None:
+        """Stop for a worker shutdown: the final info says the task was aborted, not done."""
+        self._aborted = True
+        self.close(timeout_s)
+
+    def finish_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"collector_done": False}
+        if self._rollout is not None:
+            info = self._rollout.finish_info()
+        if self.error is not None:
+            info["error"] = self.error
+        info["task_id"] = self.task_id
+        return info
+
+    # -- the task thread ------------------------------------------------------------
+
+    def _main(self) -> None:
+        link = BrokerLink(self._transport, self._role)
+        try:
+            publisher = MetadataPublisher(link, self.metadata, stop=self.stop)
+            self._collect(publisher)
+            if self._aborted:
+                self._final_info(publisher, aborted=True)
+        except MessagingError as exc:
+            self.error = f"broker: {exc.message}"
+            logger.error("task %s lost its broker link: %s", self.task_id, exc.message)
+        finally:
+            link.close()
+            self.finished_at = time.monotonic()
+            self.finished.set()
+
+    def _collect(self, publisher: MetadataPublisher) -> None:
+        start = self.start_task
+        sink = BrokerSink(self._steps, publisher, task_id=start.task_id, buffer_id=start.buffer_id)
+        source = None
+        if start.spec.policy_update_path is not None:
+            source = FilePolicySource(self._policies, start.spec.policy_update_path)
+        self._rollout = Rollout(
+            start.spec, sink, source, stop=self.stop, policy_wait_s=self._policy_wait_s, envs=self._envs
+        )
+        logger.info("task %s started (%s)", start.task_id, "eval" if start.spec.eval_flag else "collect")
+        try:
+            self._rollout.run()
+        except StreamStopped:
+            logger.info("task %s stopped while its metadata queue was full", start.task_id)
+        except WarrenError as exc:
+            # The coordinator learns of the failure from the stream: a final info marked done,
+            # carrying the error, so it closes the task instead of waiting for data forever.
+            self.error = exc.message
+            logger.error("task %s failed: %s", start.task_id, exc.message)
+            self._final_info(publisher, aborted=False)
+            return
+        except Exception as exc:  # a bug in env or policy code must not kill the worker
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.exception("task %s crashed", start.task_id)
+            self._final_info(publisher, aborted=False)
+            return
+        info = self._rollout.finish_info()
+        logger.info(
+            "task %s ended: %d steps, %d samples, %d episodes, reward_mean %.1f",
+            start.task_id,
+            info["step_count"],
+            info["sample_count"],
+            info["real_episode_count"],
+            info["reward_mean"],
+        )
+
+    def _final_info(self, publisher: MetadataPublisher, *, aborted: bool) -> None:
+        info = self.finish_info()
+        message: dict[str, Any] = {
+            "eval_flag": self.start_task.spec.eval_flag,
+            "get_info_time": time.time(),
+            "collector_done": not aborted,
+            "cur_episode": info.get("real_episode_count", 0),
+            "cur_sample": info.get("sample_count", 0),
+            "cur_step": info.get("step_count", 0),
+            "task_id": self.task_id,
+            "buffer_id": self.start_task.buffer_id,
+        }
+        if aborted:
+            message["aborted"] = True
+        if self.error is not None:
+            message["error"] = self.error
+        try:
+            publisher.publish(message, headers={"kind": "info"})
+        except (StreamStopped, MessagingError) as exc:
+            logger.warning("task %s: final info not published: %s", self.task_id, exc)

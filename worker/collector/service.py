@@ -1,0 +1,274 @@
+"""The collector worker: serves the task protocol on RabbitMQ and runs one collector at a time.
+
+Two queues feed it:
+
+* ``<prefix>.collector.tasks``, shared by every worker: ``resource`` and
+  ``collector_start_task``. An idle worker consumes it; a busy one pauses its consumer,
+  so start tasks go to the idle workers. Scaling out is starting more workers.
+* ``<prefix>.collector.control.<worker_id>``, the worker's own (exclusive) queue:
+  ``collector_data_task`` and ``collector_close_task`` about the collector it runs, and
+  ``resource``. It disappears with the worker's connection, so a coordinator sending to
+  a dead worker gets an immediate routing error instead of a long timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+
+from messaging import DecodeError, Names, Reply, Request, RpcServer, decode
+from worker.collector import protocol
+from worker.collector.protocol import StartTask
+from worker.collector.run import CollectorRun
+from worker.config import CollectorConfig
+from worker.errors import TaskError, WarrenError
+from worker.rl.envs import EnvBatch
+from worker.storage import PolicyStore, StepStore
+
+logger = logging.getLogger(__name__)
+
+
+def measured_resources() -> dict[str, int]:
+    """What this process can really use: visible GPUs and the CPUs it may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return {"gpu": int(torch.cuda.device_count()), "cpu": cpus}
+
+
+class CollectorWorker:
+    """One worker process's service; see the module docstring.
+
+    Lifecycle: :meth:`start`, then :meth:`tick` now and then from the main thread, then
+    :meth:`stop`.
+    """
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self.names = Names(config.transport.prefix)
+        self.role = f"collector-{config.worker_id}"
+        self.steps = StepStore(config.path_data, fsync=config.fsync)
+        self.policies = PolicyStore(config.path_policy)
+        self.server = RpcServer(config.transport, self.role, threads=config.handler_threads)
+        self.control_queue = self.names.collector_control(config.worker_id)
+        self._lock = threading.Lock()
+        self._run: CollectorRun | None = None
+        self._envs: EnvBatch | None = None
+        self.tasks_started = 0
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Declare the queues and start serving.
+
+        Raises:
+            MessagingError: the broker could not be reached.
+        """
+        prefetch = self.config.transport.prefetch
+        self.server.add_queue(self.names.collector_tasks_decl(), self._on_shared_task, prefetch=prefetch)
+        self.server.add_queue(
+            self.names.collector_control_decl(self.config.worker_id), self._on_control_task, prefetch=4
+        )
+        self.server.start(wait_s=self.config.transport.connect_timeout_s + 10)
+        logger.info(
+            "worker %s serving %s and %s", self.config.worker_id, self.names.collector_tasks, self.control_queue
+        )
+
+    def tick(self) -> None:
+        """Housekeeping from the main thread: close a finished task nobody came to close."""
+        with self._lock:
+            run = self._run
+        if run is None or run.finished_at is None:
+            return
+        if time.monotonic() - run.finished_at > self.config.close_wait_s:
+            logger.warning(
+                "task %s finished %.0f s ago and was never closed: closing it", run.task_id, self.config.close_wait_s
+            )
+            self._release(run)
+
+    def stop(self) -> None:
+        """Stop in order: no new tasks, the running collector ends and says so, replies settle, close."""
+        grace = self.config.stop_grace_s
+        self.server.pause(self.names.collector_tasks)
+        with self._lock:
+            run = self._run
+        if run is not None:
+            logger.info("stopping: aborting task %s", run.task_id)
+            run.abort(grace)
+        self.server.stop(grace)
+        if self._envs is not None:
+            self._envs.close()
+        logger.info("worker %s stopped", self.config.worker_id)
+
+    # -- handlers -------------------------------------------------------------------
+
+    def _on_shared_task(self, request: Request) -> dict[str, Any] | Reply:
+        name = protocol.task_name(request.body)
+        if name == protocol.RESOURCE:
+            return self._resource()
+        if name == protocol.START:
+            return self._start(request)
+        if name in (protocol.DATA, protocol.CLOSE):
+            raise TaskError(
+                f"{name} must be sent to the control_queue named in the start reply, not the shared task queue",
+                {"message": "wrong queue"},
+            )
+        raise protocol.unknown_task(name)
+
+    def _on_control_task(self, request: Request) -> dict[str, Any] | Reply:
+        name = protocol.task_name(request.body)
+        if name == protocol.RESOURCE:
+            return self._resource()
+        if name == protocol.DATA:
+            return self._data(request)
+        if name == protocol.CLOSE:
+            return self._close()
+        if name == protocol.START:
+            return self._start(request)
+        raise protocol.unknown_task(name)
+
+    def _resource(self) -> dict[str, Any]:
+        with self._lock:
+            run = self._run
+        return {
+            **measured_resources(),
+            "worker_id": self.config.worker_id,
+            "control_queue": self.control_queue,
+            "busy": run is not None,
+            "task_id": run.task_id if run is not None else None,
+        }
+
+    def _start(self, request: Request) -> Reply:
+        start = StartTask.from_wire(request.body, path_policy=self.config.path_policy)
+        decl = self.names.metadata_decl(
+            start.task_id,
+            max_length=self.config.transport.metadata_queue_length,
+            expires_s=self.config.transport.metadata_queue_expires_s,
+        )
+        with self._lock:
+            if self._run is not None:
+                raise TaskError(
+                    f"worker {self.config.worker_id} is busy with task {self._run.task_id}",
+                    {"message": "worker busy", "task_id": self._run.task_id},
+                )
+            envs = self._envs_for(start)  # may refuse the task (unknown env id): before pausing
+            # Declared before replying, so the coordinator can read the stream at once.
+            request.link.declare(decl)
+            # Pausing is ordered before this request's ack: no second start task slips in.
+            self.server.pause(self.names.collector_tasks)
+            run = CollectorRun(
+                start,
+                transport=self.config.transport,
+                role=f"{self.role}-task",
+                metadata=decl,
+                steps=self.steps,
+                policies=self.policies,
+                policy_wait_s=self.config.policy_wait_s,
+                envs=envs,
+            )
+            run.start()
+            self._run = run
+            self.tasks_started += 1
+        logger.info(
+            "started task %s (buffer %s, correlation_id %s%s)",
+            start.task_id,
+            start.buffer_id,
+            request.envelope.correlation_id,
+            ", redelivered" if request.envelope.redelivered else "",
+        )
+        result = {
+            "message": "collector task has started",
+            "worker_id": self.config.worker_id,
+            "task_id": start.task_id,
+            "control_queue": self.control_queue,
+            "metadata_queue": decl.name,
+        }
+        # Nobody heard that we started: do not keep a task that no coordinator will close.
+        return Reply(result, on_failed=lambda: self._abandon(run))
+
+    def _envs_for(self, start: StartTask) -> EnvBatch | None:
+        spec = start.spec
+        if spec.eval_flag:
+            return None  # eval tasks measure fresh episodes on their own envs
+        envs = self._envs
+        if envs is not None and (envs.env_id != spec.env.id or len(envs) != spec.env.env_num):
+            envs.close()
+            envs = None
+        if envs is None:
+            envs = EnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
+        self._envs = envs
+        return envs
+
+    def _current(self, name: str) -> CollectorRun:
+        with self._lock:
+            run = self._run
+        if run is None:
+            raise TaskError(
+                f"{name}: no collector task is running on worker {self.config.worker_id}",
+                {"message": "no running collector"},
+            )
+        return run
+
+    def _data(self, request: Request) -> Reply:
+        run = self._current(protocol.DATA)
+        delivery = request.link.get_one(run.metadata.name, self.config.data_wait_s)
+        if delivery is None:
+            if run.error is not None:
+                raise TaskError(f"collector task {run.task_id} failed: {run.error}", {"message": "collector failed"})
+            raise TaskError(
+                f"no metadata from task {run.task_id} within {self.config.data_wait_s:g} s",
+                {"message": "no data yet"},
+            )
+        try:
+            message = decode(delivery.envelope.body, max_bytes=self.config.transport.max_message_bytes)
+        except DecodeError as exc:
+            delivery.nack(requeue=False)
+            raise TaskError(f"undecodable metadata dead-lettered: {exc.message}", {"message": "bad metadata"}) from None
+        if not isinstance(message, dict):
+            delivery.nack(requeue=False)
+            raise TaskError("metadata that is not a map was dead-lettered", {"message": "bad metadata"})
+        message.update(task_id=run.task_id, buffer_id=run.start_task.buffer_id)
+        # The item leaves the queue only once the reply carrying it is confirmed.
+        return Reply(message, on_sent=delivery.ack, on_failed=lambda: delivery.nack(requeue=True))
+
+    def _close(self) -> dict[str, Any]:
+        run = self._current(protocol.CLOSE)
+        finish_info = self._release(run)
+        logger.info("closed task %s", run.task_id)
+        return finish_info
+
+    def _abandon(self, run: CollectorRun) -> None:
+        logger.warning("the start reply of task %s was not delivered: stopping the task", run.task_id)
+        self._release(run)
+
+    def _release(self, run: CollectorRun) -> dict[str, Any]:
+        finish_info = run.close(self.config.stop_grace_s)
+        with self._lock:
+            if self._run is run:
+                self._run = None
+                self.server.resume(self.names.collector_tasks)
+        return finish_info
+
+
+def run_collector(config: CollectorConfig, stop: threading.Event) -> int:
+    """Serve until ``stop`` is set; returns the process exit code."""
+    worker = CollectorWorker(config)
+    try:
+        worker.start()
+    except WarrenError as exc:
+        logger.critical("cannot start: %s", exc.message)
+        return 1
+    while not stop.wait(1.0):
+        if not worker.server.running:
+            logger.critical("the RPC server died: %s", worker.server.error)
+            worker.stop()
+            return 1
+        worker.tick()
+    worker.stop()
+    return 0

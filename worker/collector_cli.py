@@ -1,0 +1,77 @@
+"""``warren collector``: start a collector worker process."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from worker.config import CollectorConfig
+from worker.lifecycle import install_stop_handlers
+from worker.logs import setup_logging
+
+_TRANSPORT = (
+    "amqp_url",
+    "amqp_ca_file",
+    "prefix",
+    "heartbeat_s",
+    "connect_timeout_s",
+    "rpc_timeout_s",
+    "metadata_queue_length",
+)
+
+
+def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    parser = commands.add_parser(
+        "collector",
+        help="run a collector worker",
+        description=(
+            "Serve collector tasks from <prefix>.collector.tasks: run gymnasium envs with the task's "
+            "policy, write step data to --path-data and stream metadata through RabbitMQ. Start more "
+            "processes to scale out. SIGTERM/Ctrl-C stops cleanly; a second one exits at once."
+        ),
+    )
+    add_transport_flags(parser)
+    group = parser.add_argument_group("collector (flags override WARREN_* environment variables)")
+    group.add_argument("--worker-id", help="id naming the control queue (WARREN_WORKER_ID; default host-pid-random)")
+    group.add_argument("--path-data", type=Path, help="step data directory on the shared volume (WARREN_PATH_DATA)")
+    group.add_argument("--path-policy", type=Path, help="policy directory on the shared volume (WARREN_PATH_POLICY)")
+    group.add_argument(
+        "--data-wait-s", type=float, help="max wait of a collector_data_task for metadata (WARREN_DATA_WAIT_S; 10)"
+    )
+    group.add_argument(
+        "--policy-wait-s", type=float, help="max wait for the first policy file (WARREN_POLICY_WAIT_S; 60)"
+    )
+    group.add_argument(
+        "--close-wait-s", type=float, help="close a finished, unclosed task after this (WARREN_CLOSE_WAIT_S; 600)"
+    )
+    group.add_argument(
+        "--stop-grace-s", type=float, help="time given to running work on SIGTERM (WARREN_STOP_GRACE_S; 20)"
+    )
+    group.add_argument(
+        "--fsync", action="store_true", default=None, help="fsync step files before publishing (WARREN_FSYNC)"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = (
+        *_TRANSPORT,
+        "worker_id",
+        "path_data",
+        "path_policy",
+        "data_wait_s",
+        "policy_wait_s",
+        "close_wait_s",
+        "stop_grace_s",
+        "fsync",
+    )
+    config = CollectorConfig.from_env(**{k: getattr(args, k) for k in keys})
+    setup_logging(f"collector {config.worker_id}", args.log_level)
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    from worker.collector.service import run_collector  # torch and gymnasium load only when serving
+
+    return run_collector(config, stop)
