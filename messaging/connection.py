@@ -19,6 +19,7 @@ from messaging.errors import (
     ConnectionClosed,
     ConnectionFailed,
     PublishRejected,
+    QueueLocked,
     QueueNotFound,
 )
 from messaging.retry import connect_retrying
@@ -115,6 +116,8 @@ def translated(what: str) -> Iterator[None]:
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 404:
             raise QueueNotFound(f"{what}: {exc.reply_text}") from None
+        if exc.reply_code == 405:
+            raise QueueLocked(f"{what}: {exc.reply_text}") from None
         raise ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})") from None
     except (
         pika.exceptions.AMQPConnectionError,

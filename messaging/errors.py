@@ -46,6 +46,10 @@ class QueueNotFound(ChannelError):
     """A message was published with ``mandatory`` to a queue that does not exist."""
 
 
+class QueueLocked(ChannelError):
+    """The queue is exclusive to another connection (it exists, but is not ours to use)."""
+
+
 class PublishRejected(MessagingError):
     """The broker did not accept a published message (nack: queue full, disk alarm...)."""
 

@@ -27,7 +27,7 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 
 from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION
 from messaging.connection import connect, translated
-from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, QueueNotFound
+from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, QueueLocked, QueueNotFound
 from messaging.settings import Settings
 from messaging.topology import Names, QueueDecl
 
@@ -332,6 +332,13 @@ class BrokerLink:
 
         result: int | None = self._with_recovery(run)
         return result
+
+    def queue_exists(self, queue: str) -> bool:
+        """Whether ``queue`` exists, including another connection's exclusive queue."""
+        try:
+            return self.queue_depth(queue) is not None
+        except QueueLocked:
+            return True
 
     def delete_queue(self, queue: str) -> None:
         """Delete a queue and its messages (no error if it is already gone)."""

@@ -81,7 +81,10 @@ class StartTask:
         buffer_id = _checked_id(info, "buffer_id")
         if "collector_cfg" not in info:
             raise TaskError("task_info.collector_cfg is missing", {"message": "missing collector_cfg"})
-        spec = CollectorSpec.from_wire(info["collector_cfg"])
+        try:
+            spec = CollectorSpec.from_wire(info["collector_cfg"])
+        except TaskError as exc:
+            raise TaskError(exc.message, exc.result or {"message": "bad collector_cfg"}) from None
         if spec.policy_update_path is not None:
             try:
                 resolve_under(path_policy, spec.policy_update_path)

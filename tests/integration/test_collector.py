@@ -1,0 +1,285 @@
+"""The collector worker as a real process, driven through the documented protocol."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from messaging import BrokerLink, MetadataConsumer, Names, RemoteError, RpcClient, Settings
+from tests.procs import Proc, role_env, wait_for_queue
+from worker.rl.policy import QNetwork
+from worker.storage import PolicyStore, StepStore
+
+pytestmark = pytest.mark.rabbitmq
+
+POLICY = "policy_cartpole"
+
+
+def start_body(task_id: str, **cfg: Any) -> dict[str, Any]:
+    collector_cfg: dict[str, Any] = {
+        "env": {"id": "CartPole-v1", "env_num": 3, "seed": 1},
+        "policy": {"type": "random"},
+        "n_episode": 2,
+        **cfg,
+    }
+    return {
+        "name": "collector_start_task",
+        "task_info": {"task_id": task_id, "buffer_id": "buf0", "collector_cfg": collector_cfg},
+    }
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Path:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "policy").mkdir()
+    return tmp_path
+
+
+WorkerFactory = Callable[..., Proc]
+
+
+@pytest.fixture
+def start_worker(settings: Settings, volume: Path, link: BrokerLink) -> Iterator[WorkerFactory]:
+    procs: list[Proc] = []
+
+    def start(worker_id: str = "w1", **env: str) -> Proc:
+        proc = Proc(
+            ["collector", "--worker-id", worker_id, "--policy-wait-s", "3", "--data-wait-s", "5"],
+            env=role_env(
+                settings, WARREN_PATH_DATA=str(volume / "data"), WARREN_PATH_POLICY=str(volume / "policy"), **env
+            ),
+            log=volume / f"{worker_id}.log",
+        )
+        procs.append(proc)
+        wait_for_queue(link, Names(settings.prefix).collector_control(worker_id))
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[RpcClient]:
+    with RpcClient(settings, "test-coordinator") as rpc:
+        yield rpc
+
+
+def drain_data_tasks(client: RpcClient, control: str, limit: int = 500) -> list[dict[str, Any]]:
+    items = []
+    for _ in range(limit):
+        item = client.call(control, {"name": "collector_data_task"})
+        items.append(item)
+        if "data_id" not in item and item["collector_done"]:
+            return items
+    raise AssertionError("the collector never reported collector_done")
+
+
+def write_policy(volume: Path, iteration: int, seed: int = 0) -> None:
+    torch.manual_seed(seed)
+    net = QNetwork(4, 2, (64, 64))
+    PolicyStore(volume / "policy").write(POLICY, net.state_dict(), iteration)
+
+
+def test_whole_protocol_resource_start_data_close(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, volume: Path
+) -> None:
+    import os
+
+    start_worker("w1")
+    tasks = Names(settings.prefix).collector_tasks
+    # resource: measured, not hard-coded
+    resource = client.call(tasks, {"name": "resource"})
+    assert resource["cpu"] == len(os.sched_getaffinity(0))
+    assert resource["gpu"] == torch.cuda.device_count()
+    assert resource["worker_id"] == "w1" and resource["busy"] is False
+    # start
+    started = client.call(tasks, start_body("task-a"))
+    assert started["message"] == "collector task has started"
+    assert started["worker_id"] == "w1"
+    control = started["control_queue"]
+    # data tasks until collector_done, each stamped with task and buffer ids
+    items = drain_data_tasks(client, control)
+    assert all(i["task_id"] == "task-a" and i["buffer_id"] == "buf0" for i in items)
+    data = [i for i in items if "data_id" in i]
+    infos = [i for i in items if "data_id" not in i]
+    assert infos[-1]["collector_done"] is True
+    assert not any(i["collector_done"] for i in infos[:-1])
+    # every data_id names a complete file of the announced size and layout
+    store = StepStore(volume / "data")
+    for meta in data:
+        chunk = store.read(meta["data_id"], wait_s=0)
+        assert chunk.count == meta["unroll_len"]
+        assert chunk.fields["obs"].shape == (chunk.count, 4) and chunk.fields["obs"].dtype == np.float32
+        assert chunk.fields["next_obs"].shape == (chunk.count, 4)
+        assert chunk.fields["action"].dtype == np.int64 and chunk.fields["done"].dtype == np.bool_
+    assert sum(m["unroll_len"] for m in data) == infos[-1]["cur_sample"]
+    # close: DI-engine's finish_info plus the task id; 3 envs x 2 episodes
+    finish = client.call(control, {"name": "collector_close_task"})
+    assert finish["task_id"] == "task-a" and finish["collector_done"] is True
+    assert finish["real_episode_count"] == 6 and finish["env_num"] == 3
+    assert finish["step_count"] == finish["sample_count"] == infos[-1]["cur_step"]
+    for key in ("eval_flag", "duration", "train_iter", "avg_time_per_step", "reward_mean", "reward_std"):
+        assert key in finish
+    # the worker is idle again and takes the next task
+    assert client.call(tasks, {"name": "resource"})["busy"] is False
+    assert client.call(tasks, start_body("task-b"))["worker_id"] == "w1"
+
+
+def test_metadata_can_be_read_straight_from_the_broker(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, volume: Path
+) -> None:
+    start_worker("w1")
+    started = client.call(Names(settings.prefix).collector_tasks, start_body("task-direct", n_episode=3))
+    with BrokerLink(settings, "test-stream") as stream_link:
+        consumer = MetadataConsumer(stream_link, started["metadata_queue"], prefetch=16)
+        messages = []
+        while True:
+            item = consumer.get(10.0)
+            assert item is not None, "stream went silent"
+            messages.append(item.message)
+            item.ack()
+            if "data_id" not in item.message and item.message["collector_done"]:
+                break
+    samples = [m["cur_sample"] for m in messages]
+    assert samples == sorted(samples)  # published in the order produced
+    assert all(m["task_id"] == "task-direct" for m in messages)
+    files = {p.name for p in (volume / "data").iterdir() if not p.name.startswith(".")}
+    assert {m["data_id"] for m in messages if "data_id" in m} <= files
+    finish = client.call(started["control_queue"], {"name": "collector_close_task"})
+    assert finish["real_episode_count"] == 9
+
+
+def test_a_new_policy_file_mid_task_raises_policy_iter(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, volume: Path
+) -> None:
+    write_policy(volume, 0)
+    start_worker("w1")
+    body = start_body(
+        "task-policy",
+        policy={"type": "dqn", "hidden_sizes": [64, 64]},
+        n_episode=None,
+        n_sample=100_000,
+        policy_update_path=POLICY,
+        update_policy_second=0.2,
+        collect_setting={"eps": 0.5},
+    )
+    del body["task_info"]["collector_cfg"]["n_episode"]
+    started = client.call(Names(settings.prefix).collector_tasks, body)
+    control = started["control_queue"]
+    first = [client.call(control, {"name": "collector_data_task"}) for _ in range(3)]
+    assert {m["policy_iter"] for m in first if "data_id" in m} == {0}
+    write_policy(volume, 7, seed=1)
+    deadline = time.monotonic() + 20
+    seen: set[int] = set()
+    while 7 not in seen and time.monotonic() < deadline:
+        item = client.call(control, {"name": "collector_data_task"})
+        if "data_id" in item:
+            seen.add(item["policy_iter"])
+    assert 7 in seen
+    finish = client.call(control, {"name": "collector_close_task"})
+    assert finish["train_iter"] == 7
+
+
+def test_eval_task_writes_no_step_data(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, volume: Path
+) -> None:
+    start_worker("w1")
+    started = client.call(Names(settings.prefix).collector_tasks, start_body("task-eval", eval_flag=True, n_episode=1))
+    items = drain_data_tasks(client, started["control_queue"])
+    assert all("data_id" not in i for i in items)
+    finish = client.call(started["control_queue"], {"name": "collector_close_task"})
+    assert finish["eval_flag"] is True and finish["real_episode_count"] == 3
+    assert finish["reward_mean"] > 0 and len(finish["reward_raw"]) == 3
+    assert list((volume / "data").iterdir()) == []
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.system, ("touch /tmp/warren-pwned-by-policy",))
+
+
+def test_bad_tasks_are_refused_clearly_and_the_worker_keeps_serving(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, volume: Path
+) -> None:
+    worker = start_worker("w1")
+    names = Names(settings.prefix)
+    tasks, control = names.collector_tasks, names.collector_control("w1")
+
+    def refused(queue: str, body: Any) -> RemoteError:
+        with pytest.raises(RemoteError) as info:
+            client.call(queue, body)
+        return info.value
+
+    assert refused(tasks, {"name": "make_coffee"}).result == {"message": "task name error"}
+    assert refused(control, {"name": "collector_data_task"}).result == {"message": "no running collector"}
+    assert refused(tasks, {"task_info": {}}).result == {"message": "task name error"}
+    assert "task_info" in refused(tasks, {"name": "collector_start_task"}).message
+    missing = start_body("t-missing")
+    del missing["task_info"]["buffer_id"]
+    assert "buffer_id" in refused(tasks, missing).message
+    wrong_type = refused(tasks, start_body("t-type", env={"id": "CartPole-v1", "env_num": "many"}))
+    assert "env_num" in wrong_type.message and wrong_type.result == {"message": "bad collector_cfg"}
+    assert "unknown env id" in refused(tasks, start_body("t-env", env={"id": "NoSuchEnv-v9", "env_num": 1})).message
+    for path in ("../../etc/passwd", "/etc/passwd", "a/../../b"):
+        body = start_body("t-path", policy={"type": "dqn"}, policy_update_path=path, collect_setting={"eps": 0.1})
+        assert refused(tasks, body).result == {"message": "unsafe path"}
+    assert "task_id" in refused(tasks, start_body("../escape")).message
+    # A policy file that is a malicious pickle: the task fails with a clear error, nothing runs.
+    marker = Path("/tmp/warren-pwned-by-policy")
+    marker.unlink(missing_ok=True)
+    (volume / "policy" / POLICY).write_bytes(pickle.dumps({"model": _Evil(), "iter": 1}))
+    body = start_body("t-evil", policy={"type": "dqn"}, policy_update_path=POLICY, collect_setting={"eps": 0.1})
+    started = client.call(tasks, body)
+    items = drain_data_tasks(client, started["control_queue"])
+    assert "error" in items[-1]
+    finish = client.call(started["control_queue"], {"name": "collector_close_task"})
+    assert "policy" in finish["error"]
+    assert not marker.exists()
+    # The same worker still serves a good task.
+    assert worker.alive()
+    good = client.call(tasks, start_body("t-good"))
+    assert len(drain_data_tasks(client, good["control_queue"])) > 1
+
+
+def test_two_workers_share_the_task_queue(start_worker: WorkerFactory, client: RpcClient, settings: Settings) -> None:
+    start_worker("w1")
+    start_worker("w2")
+    tasks = Names(settings.prefix).collector_tasks
+    long_task = {"n_episode": 1000}
+    first = client.call(tasks, start_body("share-1", **long_task))
+    second = client.call(tasks, start_body("share-2", **long_task))
+    # A busy worker stops taking start tasks, so the second one went to the other worker.
+    assert {first["worker_id"], second["worker_id"]} == {"w1", "w2"}
+    for started in (first, second):
+        assert client.call(started["control_queue"], {"name": "collector_close_task"})["task_id"].startswith("share")
+
+
+def test_sigterm_mid_task_stops_cleanly_and_says_so(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, link: BrokerLink
+) -> None:
+    worker = start_worker("w1")
+    started = client.call(Names(settings.prefix).collector_tasks, start_body("task-term", n_episode=10_000))
+    for _ in range(3):
+        client.call(started["control_queue"], {"name": "collector_data_task"})
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    # The worker's control queue went with it; the stream ends with an "aborted" info.
+    assert not link.queue_exists(started["control_queue"])
+    consumer = MetadataConsumer(link, started["metadata_queue"], prefetch=50)
+    last = None
+    while (item := consumer.get(2.0)) is not None:
+        last = item.message
+        item.ack()
+    assert last is not None and last.get("aborted") is True and last["collector_done"] is False
+    assert "stopping cleanly" in worker.log()
