@@ -37,7 +37,17 @@ class _ExpectedOutcomes(logging.Filter):
         return not message.startswith(("Message was Nack'ed", "Published message was returned"))
 
 
+class _ExpectedChannelCloses(logging.Filter):
+    """Drop pika's warnings for 404/405 channel closes: warren probes queues passively on
+    purpose (does a worker's control queue still exist?) and reads the answer from them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("Received remote Channel.Close (404)" in text or "Received remote Channel.Close (405)" in text)
+
+
 logging.getLogger("pika.adapters.blocking_connection").addFilter(_ExpectedOutcomes())
+logging.getLogger("pika.channel").addFilter(_ExpectedChannelCloses())
 
 #: pika errors after which retrying the same connect cannot help.
 _FATAL_CONNECT_ERRORS = (

@@ -110,6 +110,29 @@ class RpcClient:
             envelope = self._arrived.pop(correlation_id)
         finally:
             self._waiting.discard(correlation_id)
+        return self._unwrap(envelope)
+
+    def poll(self, correlation_id: str) -> dict[str, Any] | None:
+        """The reply to an earlier :meth:`send` if it has arrived, else ``None``; never blocks.
+
+        Lets one thread keep many calls in flight (the coordinator does). Raises like :meth:`call`.
+        """
+        replies_sub = self._ensure_replies()
+        while (delivery := replies_sub.get(0.0)) is not None:
+            delivery.ack()
+            self._sort(delivery.envelope)
+        if correlation_id not in self._arrived:
+            return None
+        envelope = self._arrived.pop(correlation_id)
+        self._waiting.discard(correlation_id)
+        return self._unwrap(envelope)
+
+    def abandon(self, correlation_id: str) -> None:
+        """Give up on a call: a reply arriving later is dropped with a log line."""
+        self._waiting.discard(correlation_id)
+        self._arrived.pop(correlation_id, None)
+
+    def _unwrap(self, envelope: Envelope) -> dict[str, Any]:
         try:
             body = decode(envelope.body, max_bytes=self.settings.max_message_bytes)
         except DecodeError as exc:

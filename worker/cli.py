@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from messaging import ConfigurationError
-from worker import collector_cli
+from worker import collector_cli, coordinator_cli, launcher, learner_cli
 
 
 def add_transport_flags(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     collector_cli.add_parser(commands, add_transport_flags)
+    coordinator_cli.add_parser(commands, add_transport_flags)
+    learner_cli.add_parser(commands, add_transport_flags)
+    launcher.add_parser(commands, add_transport_flags)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: warren against raw pika, a bare rollout loop and published figures."""

@@ -1,0 +1,70 @@
+"""``warren coordinator``: drive the collector workers until the job's stop value."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from messaging import Settings, WarrenError
+from worker.job_cli import add_job_flags, job_config
+from worker.lifecycle import install_stop_handlers
+from worker.logs import setup_logging
+
+TRANSPORT = (
+    "amqp_url",
+    "amqp_ca_file",
+    "prefix",
+    "heartbeat_s",
+    "connect_timeout_s",
+    "rpc_timeout_s",
+    "metadata_queue_length",
+)
+
+
+def transport_settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(**{k: getattr(args, k) for k in TRANSPORT})
+
+
+def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    parser = commands.add_parser(
+        "coordinator",
+        help="schedule collect/eval tasks and feed the learner",
+        description=(
+            "Keep collect tasks running on every collector worker that listens on the task queue, "
+            "evaluate every eval_interval_s, forward data metadata to the learner, and stop at the "
+            "stop value or a budget. Exit code 0 when the stop value was reached, 3 otherwise."
+        ),
+    )
+    add_transport_flags(parser)
+    add_job_flags(parser)
+    parser.add_argument("--collect-tasks", type=int, help="collect tasks at once (coordinator.collect_tasks; 2)")
+    parser.add_argument("--run-log", type=Path, help="JSON-lines log of tasks and evals (for warren plot)")
+    parser.add_argument(
+        "--progress",
+        choices=["auto", "line", "log", "off"],
+        default="auto",
+        help="live status line (auto: on a terminal), periodic log lines, or nothing",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from worker.coordinator.service import Coordinator, CoordinatorConfig
+
+    transport = transport_settings(args)
+    job = job_config(args, **{"coordinator.collect_tasks": args.collect_tasks})
+    setup_logging("coordinator", args.log_level)
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    config = CoordinatorConfig(transport=transport, run=job, run_log=args.run_log, progress=args.progress)
+    try:
+        summary = Coordinator(config, stop).run()
+    except WarrenError as exc:
+        print(f"warren coordinator: {exc.message}")
+        return 1
+    print(json.dumps(summary))
+    return 0 if summary["success"] else 3

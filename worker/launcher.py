@@ -1,0 +1,165 @@
+"""``warren run``: the whole job on one machine, a coordinator, N collectors and a learner.
+
+The coordinator runs in this process; collectors and the learner are child processes
+that log to ``<workdir>/logs/``. Every child dies with its parent (Linux parent-death
+signal), so no process outlives the run, and Ctrl-C stops all of them cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from messaging import Settings, WarrenError
+from worker.coordinator_cli import transport_settings
+from worker.job_cli import add_job_flags, job_config
+from worker.lifecycle import install_stop_handlers
+from worker.logs import setup_logging
+
+logger = logging.getLogger(__name__)
+
+#: How long children get to stop after SIGTERM before they are killed.
+CHILD_GRACE_S = 30.0
+
+
+def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    parser = commands.add_parser(
+        "run",
+        help="train on this machine: coordinator + N collectors + learner",
+        description=(
+            "Start a learner and --collectors collector processes against WARREN_AMQP_URL, with a "
+            "fresh shared directory, and run the coordinator here until the stop value (CartPole-v1 "
+            "to 195 by default). Ctrl-C stops everything. Exit code 0 when the stop value was reached."
+        ),
+    )
+    add_transport_flags(parser)
+    add_job_flags(parser)
+    parser.add_argument("--collectors", type=int, default=2, help="collector processes (default 2)")
+    parser.add_argument("--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<id>)")
+    parser.add_argument("--progress", choices=["auto", "line", "log", "off"], default="auto")
+    parser.set_defaults(run=run)
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG = 1: the kernel sends SIGTERM to the child when this process dies.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+class Children:
+    """The run's child processes, started with the run's environment and stopped together."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._files: list[IO[bytes]] = []
+
+    def start(self, name: str, args: list[str]) -> None:
+        log = (self.logs / f"{name}.log").open("wb")
+        self._files.append(log)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, no locks taken
+        )
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM everyone, wait for the grace period, SIGKILL whoever is left."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + CHILD_GRACE_S
+        codes: dict[str, int | None] = {}
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in %.0f s: killing it", name, CHILD_GRACE_S)
+                proc.kill()
+                codes[name] = proc.wait(10)
+        for log in self._files:
+            log.close()
+        return codes
+
+
+def run(args: argparse.Namespace) -> int:
+    from worker.coordinator.service import Coordinator, CoordinatorConfig
+
+    base = transport_settings(args)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
+    transport = base.replace(prefix=f"{base.prefix}-{run_id}")
+    job = job_config(args, **{"coordinator.collect_tasks": args.collectors})
+    workdir: Path = args.workdir or Path("runs") / run_id
+    for sub in ("data", "policy", "logs"):
+        (workdir / sub).mkdir(parents=True, exist_ok=True)
+    setup_logging("run", args.log_level)
+    (workdir / "job.json").write_text(json.dumps(job.to_dict(), indent=2, default=list))
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    children = Children(_child_env(transport, workdir), workdir / "logs")
+    job_flags = _job_flags(args)
+    logger.info(
+        "run %s: %d collectors, workdir %s, queue prefix %s", run_id, args.collectors, workdir, transport.prefix
+    )
+    children.start("learner", ["learner", *job_flags])
+    for i in range(args.collectors):
+        children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}"])
+    config = CoordinatorConfig(transport=transport, run=job, run_log=workdir / "run.jsonl", progress=args.progress)
+    try:
+        summary = Coordinator(config, stop).run()
+    except WarrenError as exc:
+        logger.critical("run failed: %s", exc.message)
+        children.stop()
+        return 1
+    finally:
+        codes = children.stop()
+    summary["children_exit_codes"] = codes
+    summary["workdir"] = str(workdir)
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+    return 0 if summary["success"] else 3
+
+
+def _child_env(transport: Settings, workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        WARREN_AMQP_URL=transport.amqp_url,
+        WARREN_PREFIX=transport.prefix,
+        WARREN_HEARTBEAT_S=str(transport.heartbeat_s),
+        WARREN_CONNECT_TIMEOUT_S=str(transport.connect_timeout_s),
+        WARREN_PATH_DATA=str(workdir / "data"),
+        WARREN_PATH_POLICY=str(workdir / "policy"),
+        PYTHONUNBUFFERED="1",
+    )
+    if transport.amqp_ca_file:
+        env["WARREN_AMQP_CA_FILE"] = transport.amqp_ca_file
+    return env
+
+
+def _job_flags(args: argparse.Namespace) -> list[str]:
+    flags: list[str] = []
+    for flag, value in (
+        ("--config", args.config),
+        ("--env-id", args.env_id),
+        ("--stop-value", args.stop_value),
+        ("--seed", args.seed),
+    ):
+        if value is not None:
+            flags += [flag, str(value)]
+    return flags

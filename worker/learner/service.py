@@ -1,0 +1,179 @@
+"""The learner: data metadata in, step files read, DQN trained, policy files out.
+
+The coordinator forwards every data metadata of the run to ``<prefix>.learner.<buffer_id>``.
+The learner reads each named step file from the shared volume (bounded wait, clear error
+for a missing or corrupt file), adds its samples to a replay buffer, acks the message,
+and deletes the file it no longer needs. Between messages it trains at the configured
+replay ratio, and publishes ``{model, iter}`` to the policy file atomically, under the
+same lock the collectors read with, at most every ``policy_write_interval_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from messaging import BrokerLink, MetadataConsumer, MetadataItem, Names, Settings
+from worker.errors import StorageError
+from worker.rl.dqn import DQNLearner, ReplayBuffer
+from worker.rl.envs import make_env
+from worker.rl.policy import limit_torch_threads
+from worker.run_config import RunConfig
+from worker.storage import PolicyStore, StepStore
+
+logger = logging.getLogger(__name__)
+
+#: Messages taken from the queue per loop turn before training resumes.
+_MAX_BATCH = 64
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """What the learner process needs."""
+
+    transport: Settings = field(default_factory=Settings)
+    run: RunConfig = field(default_factory=RunConfig)
+    path_data: Path = Path("./data")
+    path_policy: Path = Path("./policy")
+    torch_threads: int = 1
+
+
+@dataclass
+class LearnerStats:
+    items: int = 0
+    samples: int = 0
+    missing_files: int = 0
+    corrupt_files: int = 0
+    train_steps: int = 0
+    policies_written: int = 0
+    last_loss: float = 0.0
+
+
+class Learner:
+    """The DQN learner loop; see the module docstring."""
+
+    def __init__(self, config: LearnerConfig, stop: threading.Event | None = None) -> None:
+        self.config = config
+        self.run_cfg = config.run
+        self.stop = stop or threading.Event()
+        self.names = Names(config.transport.prefix)
+        self.steps = StepStore(config.path_data)
+        self.policies = PolicyStore(config.path_policy)
+        obs_dim, n_actions = _env_dims(self.run_cfg.env.id)
+        spec = self.run_cfg.learner
+        self.buffer = ReplayBuffer(spec.replay_capacity, obs_dim, n_actions=n_actions)
+        self.learner = DQNLearner(spec, obs_dim, n_actions, seed=self.run_cfg.env.seed)
+        self.rng = np.random.default_rng(self.run_cfg.env.seed)
+        self.stats = LearnerStats()
+        self._train_credit = 0.0
+        self._last_write = 0.0
+
+    def run(self) -> None:
+        """Serve until ``stop`` is set."""
+        limit_torch_threads(self.config.torch_threads)
+        queue_decl = self.names.learner_data_decl(self.run_cfg.coordinator.buffer_id)
+        with BrokerLink(self.config.transport, "learner") as link:
+            link.declare(queue_decl)
+            self._write_policy()  # iteration 0, so collectors can start before any training
+            consumer = MetadataConsumer(link, queue_decl.name, prefetch=_MAX_BATCH)
+            logger.info("learning from %s, writing %s", queue_decl.name, self.policies.path(self._policy_name))
+            last_report = time.monotonic()
+            while not self.stop.is_set():
+                wait = 0.0 if self._can_train() else 0.2
+                self._take(consumer, wait)
+                self._train_some()
+                if time.monotonic() - last_report > 10.0:
+                    last_report = time.monotonic()
+                    self._report()
+            self._write_policy()
+            consumer.close()
+        logger.info("learner stopped after %d train steps", self.stats.train_steps)
+
+    @property
+    def _policy_name(self) -> str:
+        return self.run_cfg.coordinator.policy_name
+
+    def _take(self, consumer: MetadataConsumer, wait_s: float) -> None:
+        for _ in range(_MAX_BATCH):
+            item = consumer.get(wait_s)
+            if item is None:
+                return
+            wait_s = 0.0
+            self._ingest(item)
+
+    def _ingest(self, item: MetadataItem) -> None:
+        message = item.message
+        data_id = message.get("data_id")
+        if not isinstance(data_id, str):
+            logger.warning("dead-lettering a learner message without data_id")
+            item.delivery.nack(requeue=False)
+            return
+        try:
+            chunk = self.steps.read(data_id, wait_s=self.run_cfg.learner_process.read_wait_s)
+            added = self.buffer.add(chunk.fields)
+        except StorageError as exc:
+            # Missing: already consumed (a duplicate delivery) or never written; corrupt: unusable.
+            # Either way retrying cannot help, so the message is settled, and counted.
+            if "missing" in type(exc).__name__.lower():
+                self.stats.missing_files += 1
+            else:
+                self.stats.corrupt_files += 1
+            logger.warning("skipping %s: %s", data_id, exc.message)
+            item.ack()
+            return
+        self.stats.items += 1
+        self.stats.samples += added
+        self._train_credit += added * self.run_cfg.learner.train_steps_per_sample
+        item.ack()
+        if self.run_cfg.learner_process.delete_consumed:
+            self.steps.delete(data_id)
+
+    def _can_train(self) -> bool:
+        return len(self.buffer) >= self.run_cfg.learner.learning_starts and self._train_credit >= 1.0
+
+    def _train_some(self) -> None:
+        # Train in short bursts so new data keeps flowing in between.
+        burst = 0
+        while self._can_train() and burst < 32 and not self.stop.is_set():
+            batch = self.buffer.sample(self.run_cfg.learner.batch_size, self.rng)
+            metrics = self.learner.train_step(batch)
+            self.stats.last_loss = metrics["loss"]
+            self.stats.train_steps += 1
+            self._train_credit -= 1.0
+            burst += 1
+        if time.monotonic() - self._last_write >= self.run_cfg.learner_process.policy_write_interval_s and burst:
+            self._write_policy()
+
+    def _write_policy(self) -> None:
+        self.policies.write(self._policy_name, self.learner.policy_state(), self.learner.iter)
+        self.stats.policies_written += 1
+        self._last_write = time.monotonic()
+
+    def _report(self) -> None:
+        s = self.stats
+        logger.info(
+            "iter %d | buffer %d | samples %d from %d files | loss %.4f | skipped %d missing, %d corrupt",
+            self.learner.iter,
+            len(self.buffer),
+            s.samples,
+            s.items,
+            s.last_loss,
+            s.missing_files,
+            s.corrupt_files,
+        )
+
+
+def _env_dims(env_id: str) -> tuple[int, int]:
+    env = make_env(env_id)
+    try:
+        obs_space: Any = env.observation_space
+        act_space: Any = env.action_space
+        return int(np.prod(obs_space.shape)), int(act_space.n)
+    finally:
+        env.close()

@@ -1,0 +1,199 @@
+"""The DQN learner core: a replay ring buffer and Double-DQN train steps.
+
+Broker-free like the rest of :mod:`worker.rl`; the learner process feeds the buffer
+with the sample chunks collectors publish (see :class:`worker.rl.rollout.SampleSink`)
+and writes :meth:`DQNLearner.policy_state` to the policy file collectors read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
+
+from worker.errors import CorruptFile
+from worker.rl.config import LearnerSpec, epsilon_at
+from worker.rl.policy import QNetwork
+
+__all__ = ["DQNLearner", "ReplayBuffer", "epsilon_at"]
+
+#: Chunk fields the learner needs; ``truncated`` is accepted but not stored, because
+#: ``next_obs`` already holds the real final observation and ``done`` is the
+#: bootstrap mask (terminated only).
+REQUIRED_FIELDS = ("obs", "next_obs", "action", "reward", "done")
+
+
+class ReplayBuffer:
+    """Fixed-capacity numpy ring buffer of transitions; the oldest are overwritten first.
+
+    Args:
+        capacity: max transitions kept.
+        obs_dim: observation size every chunk must have.
+        n_actions: when given, actions outside ``[0, n_actions)`` are refused.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, *, n_actions: int | None = None) -> None:
+        if capacity < 1 or obs_dim < 1:
+            raise ValueError(f"capacity and obs_dim must be >= 1, got {capacity} and {obs_dim}")
+        self.capacity, self.obs_dim, self.n_actions = capacity, obs_dim, n_actions
+        self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), dtype=np.float32)
+        self.action = np.zeros(capacity, dtype=np.int64)
+        self.reward = np.zeros(capacity, dtype=np.float32)
+        self.done = np.zeros(capacity, dtype=bool)
+        self._pos = 0
+        self._size = 0
+        self.total_added = 0
+        """Transitions ever added, including overwritten ones."""
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, samples: Mapping[str, Any]) -> int:
+        """Append one chunk of stacked transitions (the rollout's ``samples`` dict).
+
+        Returns:
+            The number of transitions in the chunk.
+
+        Raises:
+            CorruptFile: a field is missing or has the wrong shape, dtype or values;
+                nothing is added then.
+        """
+        chunk = self._validate(samples)
+        k = len(chunk["action"])
+        if k > self.capacity:  # only the newest ``capacity`` would survive anyway
+            chunk = {name: array[-self.capacity :] for name, array in chunk.items()}
+        n = len(chunk["action"])
+        idx = (self._pos + np.arange(n)) % self.capacity
+        for name, array in chunk.items():
+            getattr(self, name)[idx] = array
+        self._pos = int((self._pos + n) % self.capacity)
+        self._size = min(self._size + n, self.capacity)
+        self.total_added += k
+        return k
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """Uniformly sample ``batch_size`` transitions (with replacement) as CPU tensors.
+
+        Raises:
+            ValueError: the buffer is empty.
+        """
+        if self._size == 0:
+            raise ValueError("cannot sample from an empty replay buffer")
+        idx = rng.integers(0, self._size, size=batch_size)
+        return {
+            "obs": torch.from_numpy(self.obs[idx]),
+            "next_obs": torch.from_numpy(self.next_obs[idx]),
+            "action": torch.from_numpy(self.action[idx]),
+            "reward": torch.from_numpy(self.reward[idx]),
+            "done": torch.from_numpy(self.done[idx]),
+        }
+
+    def _validate(self, samples: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
+        if not isinstance(samples, Mapping):
+            raise CorruptFile(f"sample chunk must be a map, got {type(samples).__name__}")
+        chunk: dict[str, npt.NDArray[Any]] = {}
+        for name in REQUIRED_FIELDS:
+            array = samples.get(name)
+            if not isinstance(array, np.ndarray):
+                raise CorruptFile(f"sample chunk field {name!r} must be a numpy array, got {type(array).__name__}")
+            chunk[name] = array
+        k = len(chunk["action"]) if chunk["action"].ndim else -1
+        for name in ("obs", "next_obs"):
+            self._check(chunk[name], name, (k, self.obs_dim), "f")
+        self._check(chunk["action"], "action", (k,), "iu")
+        self._check(chunk["reward"], "reward", (k,), "fiu")
+        self._check(chunk["done"], "done", (k,), "b")
+        for name in ("obs", "next_obs", "reward"):
+            if not np.isfinite(chunk[name]).all():
+                raise CorruptFile(f"sample chunk field {name!r} holds NaN or infinite values")
+        action = chunk["action"]
+        if k and (action.min() < 0 or (self.n_actions is not None and action.max() >= self.n_actions)):
+            raise CorruptFile(
+                f"sample chunk actions must lie in [0, {self.n_actions}), got {action.min()}..{action.max()}"
+            )
+        return chunk
+
+    @staticmethod
+    def _check(array: npt.NDArray[Any], name: str, shape: tuple[int, ...], kinds: str) -> None:
+        if array.shape != shape or array.dtype.kind not in kinds:
+            raise CorruptFile(
+                f"sample chunk field {name!r} has shape {array.shape} dtype {array.dtype}; expected {shape}"
+            )
+
+
+class DQNLearner:
+    """Double DQN with a Huber loss, gradient clipping and a periodically synced target net.
+
+    Args:
+        spec: hyperparameters.
+        obs_dim: observation size.
+        n_actions: number of discrete actions.
+        seed: seeds the weight initialisation (without touching torch's global RNG).
+    """
+
+    def __init__(self, spec: LearnerSpec, obs_dim: int, n_actions: int, seed: int = 0) -> None:
+        self.spec = spec
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.q_net = QNetwork(obs_dim, n_actions, spec.hidden_sizes)
+        self.target_net = copy.deepcopy(self.q_net)
+        self.target_net.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.q_net.parameters(), lr=spec.lr)
+        self.iter = 0
+        """Train steps done so far; sent with every policy as its ``iter``."""
+
+    def train_step(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """One gradient step on a batch from :meth:`ReplayBuffer.sample`.
+
+        Returns:
+            ``loss`` (Huber TD loss before the step), ``q_mean`` (mean Q of the taken
+            actions) and ``grad_norm`` (before clipping).
+        """
+        spec = self.spec
+        obs, next_obs = batch["obs"], batch["next_obs"]
+        action, reward = batch["action"].long(), batch["reward"].float()
+        not_done = 1.0 - batch["done"].float()
+
+        # -- TD target: reward + discount * Q_target(s', a*) unless s' is terminal
+        with torch.no_grad():
+            next_q_target = self.target_net(next_obs)
+            if spec.double_dqn:
+                # The online net picks a*, the target net values it: curbs max-bias.
+                best = self.q_net(next_obs).argmax(dim=1, keepdim=True)
+                next_q = next_q_target.gather(1, best).squeeze(1)
+            else:
+                next_q = next_q_target.max(dim=1).values
+            target = reward + spec.discount * not_done * next_q
+
+        # -- gradient step on the Huber loss
+        q = self.q_net(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+        loss = F.smooth_l1_loss(q, target)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.q_net.parameters(), spec.max_grad_norm)
+        self.optimizer.step()
+        self.iter += 1
+
+        # -- target network
+        if self.iter % spec.target_update_interval == 0:
+            self._update_target()
+        return {"loss": float(loss.item()), "q_mean": float(q.mean().item()), "grad_norm": float(grad_norm.item())}
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """A detached CPU copy of the online net's weights, loadable by ``DQNPolicy.load_state_dict``."""
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.q_net.state_dict().items()}
+
+    def _update_target(self) -> None:
+        tau = self.spec.tau
+        with torch.no_grad():
+            for target, online in zip(self.target_net.parameters(), self.q_net.parameters(), strict=True):
+                if tau >= 1.0:
+                    target.copy_(online)
+                else:
+                    target.lerp_(online, tau)

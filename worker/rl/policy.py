@@ -1,0 +1,131 @@
+"""Policies that act for a whole batch of envs at once.
+
+A collector step costs one forward pass for all envs rather than one per env: on a
+small MLP the per-call overhead of torch dominates, so batching is most of the speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from worker.errors import CollectorError
+from worker.rl.config import PolicySpec
+
+ActionArray = npt.NDArray[np.int64]
+
+
+def limit_torch_threads(num_threads: int = 1) -> None:
+    """Cap torch's intra-op thread pool.
+
+    Collector processes run tiny batched forward passes; several of them share a
+    2-core host with the learner, and torch's default of one thread per core makes
+    them fight over the cores for no gain. Call once at process start.
+    """
+    if torch.get_num_threads() != num_threads:
+        torch.set_num_threads(num_threads)
+
+
+class QNetwork(nn.Module):
+    """MLP mapping an observation to one Q-value per discrete action.
+
+    The parameter names (``net.0.weight``...) are the policy-file layout shared by the
+    learner and collectors.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: Sequence[int]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for hidden in hidden_sizes:
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers.append(nn.Linear(width, n_actions))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``[B, obs_dim]`` float32 observations to ``[B, n_actions]`` Q-values."""
+        out: torch.Tensor = self.net(obs)
+        return out
+
+
+class Policy(Protocol):
+    """What the rollout needs from a policy."""
+
+    def act(self, obs: npt.NDArray[np.float32], eps: float) -> ActionArray:
+        """Actions for a batch ``[N, obs_dim]`` of observations, ``[N]`` int64."""
+        ...
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Swap in new weights (a no-op for weight-less policies)."""
+        ...
+
+
+class DQNPolicy:
+    """Epsilon-greedy policy over a :class:`QNetwork`.
+
+    Args:
+        obs_dim: observation size.
+        n_actions: number of discrete actions.
+        hidden_sizes: must match the learner's network.
+        seed: seeds the exploration RNG (not the weights, which come from the learner).
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: Sequence[int], seed: int | None = None) -> None:
+        self.n_actions = n_actions
+        self.net = QNetwork(obs_dim, n_actions, hidden_sizes)
+        self.net.eval()
+        self._rng = np.random.default_rng(seed)
+
+    def act(self, obs: npt.NDArray[np.float32], eps: float) -> ActionArray:
+        """Greedy actions from one batched forward pass, each replaced by a random one with prob ``eps``."""
+        with torch.inference_mode():
+            q = self.net(torch.as_tensor(obs, dtype=torch.float32))
+        actions: ActionArray = q.argmax(dim=1).numpy().astype(np.int64)
+        if eps > 0.0:
+            explore = self._rng.random(len(actions)) < eps
+            actions[explore] = self._rng.integers(0, self.n_actions, size=int(explore.sum()))
+        return actions
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load learner weights.
+
+        Raises:
+            CollectorError: the keys or shapes do not match this network (e.g. the
+                learner uses other ``hidden_sizes``).
+        """
+        try:
+            self.net.load_state_dict(dict(state_dict), strict=True)
+        except (RuntimeError, TypeError, KeyError) as exc:
+            raise CollectorError(f"policy weights do not fit the Q-network: {exc}") from exc
+
+
+class RandomPolicy:
+    """Uniformly random actions; a baseline and a policy for tests that needs no learner."""
+
+    def __init__(self, n_actions: int, seed: int | None = None) -> None:
+        self.n_actions = n_actions
+        self._rng = np.random.default_rng(seed)
+
+    def act(self, obs: npt.NDArray[np.float32], eps: float) -> ActionArray:
+        """Random actions for each row of ``obs``; ``eps`` is ignored."""
+        return self._rng.integers(0, self.n_actions, size=len(obs), dtype=np.int64)
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Nothing to load."""
+
+
+def make_policy(
+    spec: PolicySpec, obs_space: gym.spaces.Box, action_space: gym.spaces.Discrete, seed: int | None = None
+) -> DQNPolicy | RandomPolicy:
+    """Build the policy a task asks for, sized for the env's spaces."""
+    n_actions = int(action_space.n)
+    if spec.type == "random":
+        return RandomPolicy(n_actions, seed)
+    return DQNPolicy(int(obs_space.shape[0]), n_actions, spec.hidden_sizes, seed)

@@ -1,0 +1,174 @@
+"""The training job's configuration: env, policy, collector, learner and coordinator.
+
+One typed, frozen object, read from an optional TOML file and overridden by flags. The
+defaults are the shipped CartPole-v1 DQN job. A file looks like::
+
+    [env]
+    id = "CartPole-v1"
+    stop_value = 195.0
+
+    [collector]
+    n_sample = 128
+
+    [learner]
+    lr = 0.001
+
+Unknown sections or keys are errors, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from messaging import ConfigurationError
+from worker.errors import TaskError
+from worker.rl.config import LearnerSpec
+
+
+@dataclass(frozen=True)
+class EnvSection:
+    id: str = "CartPole-v1"
+    """gymnasium id (flat Box observations, Discrete actions)."""
+    collector_env_num: int = 4
+    """Envs per collect task, stepped as one batch."""
+    evaluator_env_num: int = 5
+    """Envs per eval task."""
+    eval_episodes: int = 1
+    """Episodes per eval env; the eval return is the mean over all of them."""
+    stop_value: float = 195.0
+    """The run succeeds once an eval's mean return reaches this."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CollectorSection:
+    n_sample: int = 256
+    """Train samples per collect task (a task is a unit of work a worker takes)."""
+    traj_len: int = 32
+    """Transitions per step data file (fewer at episode ends)."""
+    update_policy_second: float = 1.0
+    """How often collectors re-read the policy file."""
+
+
+@dataclass(frozen=True)
+class CoordinatorSection:
+    collect_tasks: int = 2
+    """Collect tasks kept running at once; set it to the number of collector workers."""
+    eval_interval_s: float = 8.0
+    """Seconds between eval tasks."""
+    max_env_steps: int = 400_000
+    """Stop the run (unsuccessfully) after this many collected env steps."""
+    max_time_s: float = 1800.0
+    """Stop the run (unsuccessfully) after this long."""
+    start_timeout_s: float = 30.0
+    """A start task no worker took within this long is sent again."""
+    task_silence_s: float = 60.0
+    """A running task that sends nothing for this long is checked on, then re-run elsewhere."""
+    buffer_id: str = "main"
+    """Replay buffer id: names the learner's data queue."""
+    policy_name: str = "policy_main"
+    """Policy file name under the policy directory."""
+
+
+@dataclass(frozen=True)
+class LearnerSection:
+    policy_write_interval_s: float = 0.5
+    """Write the policy file at most this often (it is read every ``update_policy_second``)."""
+    delete_consumed: bool = True
+    """Delete a step data file once its samples are in the replay buffer."""
+    read_wait_s: float = 5.0
+    """How long to wait for a step file named in metadata to appear."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything the CartPole-style DQN job needs, shared by coordinator and learner."""
+
+    env: EnvSection = field(default_factory=EnvSection)
+    collector: CollectorSection = field(default_factory=CollectorSection)
+    coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
+    learner_process: LearnerSection = field(default_factory=LearnerSection)
+    learner: LearnerSpec = field(default_factory=LearnerSpec)
+
+    @classmethod
+    def load(cls, path: Path | None = None, **overrides: Any) -> RunConfig:
+        """Defaults, then the TOML file at ``path``, then ``overrides`` (``"section.key": value``).
+
+        Raises:
+            ConfigurationError: unreadable file, unknown section or key, wrong type or range.
+        """
+        data: dict[str, dict[str, Any]] = {}
+        if path is not None:
+            try:
+                raw = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigurationError(f"cannot read config {path}: {exc}") from None
+            for section, values in raw.items():
+                if not isinstance(values, dict):
+                    raise ConfigurationError(f"{path}: [{section}] must be a table")
+                data[section] = dict(values)
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            section, _, key = dotted.partition(".")
+            data.setdefault(section, {})[key] = value
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, dict[str, Any]]) -> RunConfig:
+        sections: dict[str, Any] = {}
+        types: dict[str, Any] = {
+            "env": EnvSection,
+            "collector": CollectorSection,
+            "coordinator": CoordinatorSection,
+            "learner_process": LearnerSection,
+            "learner": LearnerSpec,
+        }
+        for name, raw_values in data.items():
+            if name not in types:
+                raise ConfigurationError(f"unknown config section [{name}]; known: {sorted(types)}")
+            section_type = types[name]
+            known = {f.name for f in fields(section_type)}
+            values = dict(raw_values)
+            unknown = set(values) - known
+            if unknown:
+                raise ConfigurationError(f"unknown keys in [{name}]: {sorted(unknown)}; known: {sorted(known)}")
+            if "hidden_sizes" in values:
+                values["hidden_sizes"] = tuple(values["hidden_sizes"])
+            try:
+                sections[name] = section_type(**values)
+            except (TaskError, TypeError, ValueError) as exc:
+                raise ConfigurationError(f"[{name}]: {getattr(exc, 'message', exc)}") from None
+        return cls(**sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # -- task bodies ----------------------------------------------------------------
+
+    def collect_cfg(self, eps: float) -> dict[str, Any]:
+        """``collector_cfg`` of a collect task exploring with ``eps``."""
+        return {
+            "env": {"id": self.env.id, "env_num": self.env.collector_env_num, "seed": self.env.seed},
+            "policy": {"type": "dqn", "hidden_sizes": list(self.learner.hidden_sizes)},
+            "n_sample": self.collector.n_sample,
+            "traj_len": self.collector.traj_len,
+            "collect_setting": {"eps": eps},
+            "policy_update_path": self.coordinator.policy_name,
+            "update_policy_second": self.collector.update_policy_second,
+            "eval_flag": False,
+        }
+
+    def eval_cfg(self) -> dict[str, Any]:
+        """``collector_cfg`` of an eval task: greedy, fresh episodes, no step data."""
+        return {
+            "env": {"id": self.env.id, "env_num": self.env.evaluator_env_num, "seed": self.env.seed + 10_000},
+            "policy": {"type": "dqn", "hidden_sizes": list(self.learner.hidden_sizes)},
+            "n_episode": self.env.eval_episodes,
+            "policy_update_path": self.coordinator.policy_name,
+            "eval_flag": True,
+        }
