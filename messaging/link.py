@@ -99,11 +99,14 @@ class Subscription:
             QueueNotFound: the queue does not exist (and this subscription does not declare it).
         """
         deadline = time.monotonic() + timeout_s
+        polled = False
         while not self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.closed:
+            if self.closed or (remaining <= 0 and polled):
                 return None
-            self._link.process_events(min(remaining, 1.0))
+            # Even with no time left, look at the socket once: get(0) must see what arrived.
+            self._link.process_events(min(max(remaining, 0.0), 1.0))
+            polled = True
             if self._cancelled_by_broker:
                 self._cancelled_by_broker = False
                 logger.warning("consumer on %s was cancelled by the broker; resubscribing", self.queue)

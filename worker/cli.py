@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from messaging import ConfigurationError
-from worker import collector_cli, coordinator_cli, launcher, learner_cli
+from worker import collector_cli, coordinator_cli, launcher, learner_cli, plot
 
 
 def add_transport_flags(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     coordinator_cli.add_parser(commands, add_transport_flags)
     learner_cli.add_parser(commands, add_transport_flags)
     launcher.add_parser(commands, add_transport_flags)
+    plot.add_parser(commands, add_transport_flags)
     return parser
 
 

@@ -1,8 +1,9 @@
 """``warren run``: the whole job on one machine, a coordinator, N collectors and a learner.
 
 The coordinator runs in this process; collectors and the learner are child processes
-that log to ``<workdir>/logs/``. Every child dies with its parent (Linux parent-death
-signal), so no process outlives the run, and Ctrl-C stops all of them cleanly.
+that log to ``<workdir>/logs/``. Ctrl-C stops the coordinator, which then sends each
+child one SIGTERM and waits for it. Every child also gets SIGTERM from the kernel if
+this process dies (Linux parent-death signal), so no process outlives the run.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class Children:
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, no locks taken
+            # Own session: a Ctrl-C reaches only this process, which then stops each child
+            # with exactly one SIGTERM (a second signal would make a child exit at once).
+            start_new_session=True,
         )
 
     def stop(self) -> dict[str, int | None]:
@@ -130,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         codes = children.stop()
     summary["children_exit_codes"] = codes
+    summary["children_pids"] = {name: proc.pid for name, proc in children.procs.items()}
     summary["workdir"] = str(workdir)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))

@@ -209,15 +209,18 @@ class Coordinator:
     # -- following tasks ----------------------------------------------------------
 
     def _advance(self, task: Task) -> None:
+        if task.task_id not in self.tasks:
+            return
         if task.state is State.STARTING:
             self._poll_start(task)
         elif task.state is State.RUNNING:
             self._read_stream(task)
-            if task.done and task.state is State.RUNNING:
+            if task.done and task.state is State.RUNNING and task.task_id in self.tasks:
                 self._send_close(task)
         else:
             self._read_stream(task)
-            self._poll_close(task)
+            if task.task_id in self.tasks:
+                self._poll_close(task)
 
     def _poll_start(self, task: Task) -> None:
         assert task.correlation_id is not None
@@ -312,9 +315,10 @@ class Coordinator:
         self._complete(task, reply)
 
     def _complete(self, task: Task, finish_info: dict[str, Any]) -> None:
+        if self.tasks.pop(task.task_id, None) is None:
+            return  # already completed or dropped (e.g. its worker aborted meanwhile)
         self._read_stream(task)
         self._release_stream(task)
-        del self.tasks[task.task_id]
         self.stats.tasks_done += 1
         record = {"task_id": task.task_id, "worker_id": task.worker_id, "env_steps": self.stats.env_steps}
         record.update({k: v for k, v in finish_info.items() if k != "reward_raw"})
@@ -411,7 +415,7 @@ class Coordinator:
                 self.link.process_events(0.1)
                 for task in list(self.tasks.values()):
                     self._read_stream(task)
-                    if task.state is State.CLOSING:
+                    if task.state is State.CLOSING and task.task_id in self.tasks:
                         self._poll_close(task)
             except MessagingError as exc:
                 logger.warning("shutdown: %s", exc.message)

@@ -1,0 +1,167 @@
+"""The whole job on the real broker: coordinator, collectors and learner train CartPole."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messaging import Names, RpcClient, Settings
+from tests.broker_admin import wait_until
+from tests.procs import Proc, role_env, wait_for_queue
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purpose.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _run_job(settings: Settings, workdir: Path, *extra: str, timeout_s: float = 240) -> tuple[int, dict[str, Any]]:
+    env = {**os.environ, **role_env(settings)}
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "run", "--workdir", str(workdir), "--progress", "log", *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    summary_path = workdir / "summary.json"
+    assert summary_path.exists(), done.stdout[-2000:] + done.stderr[-4000:]
+    return done.returncode, json.loads(summary_path.read_text())
+
+
+def _records(workdir: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (workdir / "run.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_two_collectors_train_cartpole_to_the_stop_value(settings: Settings, tmp_path: Path) -> None:
+    # Given the shipped job with 2 collectors, when it runs within a 180 s / 300k-step budget
+    code, summary = _run_job(settings, tmp_path / "run", "--collectors", "2", "--max-time-s", "180")
+    # Then it reaches 195 and everything stops cleanly
+    assert code == 0 and summary["success"], summary
+    assert summary["best_eval"] >= 195.0
+    assert set(summary["workers_seen"]) == {"collector-0", "collector-1"}
+    assert all(c == 0 for c in summary["children_exit_codes"].values()), summary["children_exit_codes"]
+    assert not any(_alive(pid) for pid in summary["children_pids"].values())
+    # The collectors read the learner's policies back: train_iter grows across tasks
+    iters = [r["train_iter"] for r in _records(tmp_path / "run", "task")]
+    assert iters[0] == 0 and max(iters) > 100
+    assert iters == sorted(iters) or max(iters) > iters[0]
+    # The learner deleted the step files it consumed (only unconsumed stragglers may remain)
+    left = [p for p in (tmp_path / "run" / "data").iterdir()]
+    assert len(left) < summary["samples"] / 32 / 4
+
+
+def test_a_collector_killed_mid_task_does_not_stop_the_run(settings: Settings, tmp_path: Path, link: Any) -> None:
+    # Given a coordinator, a learner and three collectors with long collect tasks
+    job = tmp_path / "job.toml"
+    job.write_text("[collector]\nn_sample = 4096\n[coordinator]\ncollect_tasks = 2\neval_interval_s = 5.0\n")
+    volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
+    procs: list[Proc] = []
+    names = Names(settings.prefix)
+    try:
+        procs.append(Proc(["learner", "--config", str(job)], env=role_env(settings, **volume), log=tmp_path / "l.log"))
+        for i in range(3):
+            procs.append(
+                Proc(
+                    ["collector", "--worker-id", f"c{i}"], env=role_env(settings, **volume), log=tmp_path / f"c{i}.log"
+                )
+            )
+            wait_for_queue(link, names.collector_control(f"c{i}"))
+        coordinator = Proc(
+            [
+                "coordinator",
+                "--config",
+                str(job),
+                "--run-log",
+                str(tmp_path / "run.jsonl"),
+                "--progress",
+                "log",
+                "--max-time-s",
+                "200",
+            ],
+            env=role_env(settings),
+            log=tmp_path / "coordinator.log",
+        )
+        procs.append(coordinator)
+        # When one busy collector is killed with SIGKILL in the middle of its task
+        victim = _busy_collector(settings, procs[1:4])
+        victim.kill()
+        # Then the run still reaches the stop value, and the lost task was run again elsewhere
+        assert coordinator.wait(220) == 0, coordinator.log()[-3000:]
+        summary = json.loads(coordinator.log().strip().splitlines()[-1])
+        assert summary["success"] and summary["tasks_rerun"] >= 1
+        assert "is gone" in coordinator.log()
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+def _busy_collector(settings: Settings, collectors: list[Proc]) -> Proc:
+    deadline = time.monotonic() + 60
+    names = Names(settings.prefix)
+    with RpcClient(settings, "test-probe") as client:
+        while time.monotonic() < deadline:
+            for i, proc in enumerate(collectors):
+                info = client.call(names.collector_control(f"c{i}"), {"name": "resource"}, timeout_s=5)
+                if info["busy"] and str(info["task_id"]).startswith("collect"):
+                    return proc
+            time.sleep(0.2)
+    raise AssertionError("no collector got busy")
+
+
+def test_ctrl_c_stops_the_whole_job_and_leaves_no_process(settings: Settings, tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    env = {**os.environ, **role_env(settings)}
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "run",
+            "--workdir",
+            str(workdir),
+            "--progress",
+            "log",
+            "--collectors",
+            "2",
+            "--stop-value",
+            "100000",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_until(
+            lambda: (workdir / "run.jsonl").exists() and "task" in (workdir / "run.jsonl").read_text(),
+            60,
+            "the first finished task",
+        )
+        # Ctrl-C: SIGINT to the whole foreground process group
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert run.returncode == 3 and summary["reason"] == "stopped by signal"
+    assert all(code == 0 for code in summary["children_exit_codes"].values()), summary["children_exit_codes"]
+    assert not any(_alive(pid) for pid in summary["children_pids"].values())

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from messaging import ConfigurationError
+from worker.rl.config import CollectorSpec
+from worker.run_config import RunConfig
+
+SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.toml"
+
+
+def test_the_shipped_config_file_spells_out_the_defaults() -> None:
+    assert RunConfig.load(SHIPPED) == RunConfig()
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text("[env]\nstop_value = 100.0\n[learner]\nlr = 0.0005\n")
+    config = RunConfig.load(path, **{"env.stop_value": 150.0, "coordinator.collect_tasks": None})
+    assert config.env.stop_value == 150.0
+    assert config.learner.lr == 0.0005
+    assert config.coordinator.collect_tasks == RunConfig().coordinator.collect_tasks
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[envs]\nid = 'x'\n", "unknown config section"),
+        ("[env]\nstop_vlaue = 1\n", "unknown keys"),
+        ("[learner]\nlr = -1.0\n", r"\[learner\]"),
+        ("not toml at all [", "cannot read config"),
+    ],
+)
+def test_mistakes_in_a_config_file_are_configuration_errors(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigurationError, match=match):
+        RunConfig.load(path)
+
+
+def test_task_bodies_are_valid_collector_configs() -> None:
+    config = RunConfig()
+    collect = CollectorSpec.from_wire(config.collect_cfg(0.25))
+    assert collect.eps == 0.25 and not collect.eval_flag and collect.n_sample == config.collector.n_sample
+    evaluation = CollectorSpec.from_wire(config.eval_cfg())
+    assert evaluation.eval_flag and evaluation.n_episode == config.env.eval_episodes

@@ -1,0 +1,88 @@
+"""``warren plot RUN_LOG``: the learning curve of a run, as a PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from messaging import ConfigurationError
+
+
+def add_parser(commands: Any, _add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    parser = commands.add_parser(
+        "plot",
+        help="draw eval return and env steps/s against env steps from a run log",
+        description="Read a run log (run.jsonl, written by the coordinator) and write a PNG. Needs warren[plot].",
+    )
+    parser.add_argument("run_log", type=Path, help="run.jsonl of a run")
+    parser.add_argument("-o", "--output", type=Path, help="PNG to write (default: next to the run log)")
+    parser.set_defaults(run=run)
+
+
+def read_run_log(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The eval records and the summary (if the run finished) of a run log.
+
+    Raises:
+        ConfigurationError: the file cannot be read or holds no eval record.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc}") from None
+    evals: list[dict[str, Any]] = []
+    summary = None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigurationError(f"{path}:{number} is not JSON") from None
+        if record.get("kind") == "eval":
+            evals.append(record)
+        elif record.get("kind") == "summary":
+            summary = record
+    if not evals:
+        raise ConfigurationError(f"{path} has no eval records yet")
+    return evals, summary
+
+
+def plot(path: Path, output: Path) -> Path:
+    """Write the two-panel learning curve of the run log at ``path`` to ``output``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigurationError("warren plot needs matplotlib: pip install 'warren[plot]'") from None
+    evals, summary = read_run_log(path)
+    steps = [int(r["env_steps"]) for r in evals]
+    returns = [float(r["reward_mean"]) for r in evals]
+    rates = [float(r.get("steps_per_s", 0.0)) for r in evals]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    top.plot(steps, returns, marker="o")
+    top.set_ylabel("eval return (mean)")
+    if summary is not None:
+        top.axhline(float(summary["stop_value"]), color="grey", linestyle="--", label="stop value")
+        top.legend(loc="lower right")
+        title = f"{path.parent.name}: {'reached' if summary['success'] else 'did not reach'} stop value"
+        top.set_title(f"{title} in {summary['wall_time_s']:.0f} s")
+    bottom.plot(steps, rates, marker=".", color="tab:green")
+    bottom.set_ylabel("env steps / s")
+    bottom.set_xlabel("env steps")
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output
+
+
+def run(args: argparse.Namespace) -> int:
+    output = args.output or args.run_log.with_suffix(".png")
+    print(plot(args.run_log, output))
+    return 0
