@@ -51,13 +51,21 @@ class ReplaySink:
 
 
 class LearnerSource:
-    """Policy source that hands out the learner's current weights."""
+    """Policy source that hands out the learner's weights as of its last :meth:`publish`.
+
+    Publishing only every few train steps mimics the policy lag of the distributed job,
+    where collectors re-read the policy file every ``update_policy_second``.
+    """
 
     def __init__(self, learner: DQNLearner) -> None:
         self.learner = learner
+        self.snapshot = PolicySnapshot(learner.policy_state(), learner.iter)
+
+    def publish(self) -> None:
+        self.snapshot = PolicySnapshot(self.learner.policy_state(), self.learner.iter)
 
     def read(self) -> PolicySnapshot | None:
-        return PolicySnapshot(self.learner.policy_state(), self.learner.iter)
+        return self.snapshot
 
 
 def evaluate(source: LearnerSource, hidden: tuple[int, ...], seed: int) -> float:
@@ -100,10 +108,13 @@ def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, A
             while credit >= 1.0:
                 learner.train_step(buffer.sample(spec.batch_size, rng))
                 credit -= 1.0
+                if learner.iter % args.publish_every == 0:
+                    source.publish()
         # -- eval
         if buffer.total_added >= next_eval:
             next_eval += args.eval_every
-            reward = evaluate(source, spec.hidden_sizes, seed=10_000 + task)
+            current = LearnerSource(learner)  # eval the newest weights, as the distributed job would
+            reward = evaluate(current, spec.hidden_sizes, seed=10_000 + task)
             history.append((buffer.total_added, reward))
             if args.verbose:
                 print(f"  seed {seed} steps {buffer.total_added} iter {learner.iter} eval {reward:.1f}", flush=True)
@@ -118,7 +129,7 @@ def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, A
         "env_steps": buffer.total_added,
         "train_iter": learner.iter,
         "seconds": round(time.perf_counter() - start, 1),
-        "last_evals": history[-5:],
+        "evals": history,
     }
 
 
@@ -131,6 +142,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=1000)
     parser.add_argument("--target", type=float, default=195.0)
     parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--publish-every", type=int, default=1, help="train steps between policy publications")
     parser.add_argument("--fresh-envs", dest="persistent_envs", action="store_false")
     parser.add_argument("--set", action="append", default=[], help="LearnerSpec override, key=value (JSON value)")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -143,7 +155,9 @@ def main() -> None:
     limit_torch_threads(1)
     print("spec:", spec)
     for seed in args.seeds:
-        print(json.dumps(train(seed, spec, args)), flush=True)
+        result = train(seed, spec, args)
+        result["evals"] = result["evals"][-5:]
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
