@@ -27,6 +27,7 @@ from messaging.errors import (
     RemoteError,
     RpcError,
     RpcTimeout,
+    StreamStalled,
     TaskError,
     WarrenError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "RpcServer",
     "RpcTimeout",
     "Settings",
+    "StreamStalled",
     "StreamStopped",
     "Subscription",
     "TaskError",

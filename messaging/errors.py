@@ -54,6 +54,10 @@ class PublishRejected(MessagingError):
     """The broker did not accept a published message (nack: queue full, disk alarm...)."""
 
 
+class StreamStalled(MessagingError):
+    """A metadata queue stayed full longer than the publisher's patience: nobody reads it."""
+
+
 class CodecError(MessagingError):
     """A body could not be encoded or decoded."""
 

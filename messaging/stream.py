@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from messaging.codec import decode, encode
-from messaging.errors import DecodeError, PublishRejected
+from messaging.errors import DecodeError, PublishRejected, StreamStalled
 from messaging.link import BrokerLink, Delivery, Subscription
 from messaging.topology import QueueDecl
 
@@ -46,10 +46,18 @@ class MetadataPublisher:
         stop: set it to make a publisher blocked on a full queue give up with :class:`StreamStopped`.
     """
 
-    def __init__(self, link: BrokerLink, decl: QueueDecl, *, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        link: BrokerLink,
+        decl: QueueDecl,
+        *,
+        stop: threading.Event | None = None,
+        stall_timeout_s: float | None = None,
+    ) -> None:
         self.link = link
         self.decl = decl
         self.stop = stop or threading.Event()
+        self.stall_timeout_s = stall_timeout_s
         self.published = 0
         self.full_waits = 0
         link.declare(decl)
@@ -63,10 +71,13 @@ class MetadataPublisher:
 
         Raises:
             StreamStopped: the stop event was set while waiting for room.
+            StreamStalled: the queue stayed full for ``stall_timeout_s`` (nobody reads it).
+            QueueNotFound: the queue was deleted (its reader gave the task up).
             MessagingError: encoding or the broker failed.
         """
         body = encode(message, max_bytes=self.link.settings.max_message_bytes)
         wait_s = _FULL_WAIT_FIRST_S
+        full_since: float | None = None
         while True:
             try:
                 self.link.publish(self.queue, body, persistent=True, headers=headers)
@@ -77,6 +88,9 @@ class MetadataPublisher:
             # Full queue: wait for a reader. The link keeps its heartbeats while we wait.
             if self.stop.is_set():
                 raise StreamStopped(f"stopped while {self.queue} was full")
+            full_since = time.monotonic() if full_since is None else full_since
+            if self.stall_timeout_s is not None and time.monotonic() - full_since > self.stall_timeout_s:
+                raise StreamStalled(f"{self.queue} stayed full for {self.stall_timeout_s:g} s: nobody reads it")
             deadline = time.monotonic() + wait_s
             while (remaining := deadline - time.monotonic()) > 0 and not self.stop.is_set():
                 self.link.process_events(min(remaining, 0.1))

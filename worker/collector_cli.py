@@ -48,6 +48,11 @@ def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentPa
         "--close-wait-s", type=float, help="close a finished, unclosed task after this (WARREN_CLOSE_WAIT_S; 600)"
     )
     group.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        help="abandon a task whose metadata nobody reads for this long (WARREN_STALL_TIMEOUT_S; 300)",
+    )
+    group.add_argument(
         "--stop-grace-s", type=float, help="time given to running work on SIGTERM (WARREN_STOP_GRACE_S; 20)"
     )
     group.add_argument(
@@ -65,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         "data_wait_s",
         "policy_wait_s",
         "close_wait_s",
+        "stall_timeout_s",
         "stop_grace_s",
         "fsync",
     )

@@ -46,6 +46,8 @@ class CollectorConfig:
     """How long a task waits for its first policy file before failing."""
     close_wait_s: float = 600.0
     """A finished task that nobody closes is closed by the worker itself after this long."""
+    stall_timeout_s: float = 300.0
+    """A task whose metadata nobody reads for this long (queue full) is abandoned, freeing the worker."""
     stop_grace_s: float = 20.0
     """On SIGTERM, how long running work may take to finish before the worker exits anyway."""
     fsync: bool = False
@@ -56,7 +58,7 @@ class CollectorConfig:
     def __post_init__(self) -> None:
         if not _WORKER_ID_RE.match(self.worker_id):
             raise ConfigurationError(f"worker_id must match {_WORKER_ID_RE.pattern}, got {self.worker_id!r}")
-        for name in ("data_wait_s", "policy_wait_s", "close_wait_s", "stop_grace_s"):
+        for name in ("data_wait_s", "policy_wait_s", "close_wait_s", "stall_timeout_s", "stop_grace_s"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.handler_threads < 2:

@@ -272,14 +272,23 @@ def test_sigterm_mid_task_stops_cleanly_and_says_so(
     started = client.call(Names(settings.prefix).collector_tasks, start_body("task-term", n_episode=10_000))
     for _ in range(3):
         client.call(started["control_queue"], {"name": "collector_data_task"})
-    worker.signal(signal.SIGTERM)
-    assert worker.wait(30) == 0
-    # The worker's control queue went with it; the stream ends with an "aborted" info.
-    assert not link.queue_exists(started["control_queue"])
+    # Given a coordinator-like reader on the stream, when the worker gets SIGTERM mid-task
     consumer = MetadataConsumer(link, started["metadata_queue"], prefetch=50)
-    last = None
-    while (item := consumer.get(2.0)) is not None:
-        last = item.message
+    worker.signal(signal.SIGTERM)
+    messages = []
+    deadline = time.monotonic() + 30
+    while worker.alive() and time.monotonic() < deadline:
+        if (item := consumer.get(0.2)) is not None:
+            messages.append(item.message)
+            item.ack()
+    while (item := consumer.get(1.0)) is not None:
+        messages.append(item.message)
         item.ack()
-    assert last is not None and last.get("aborted") is True and last["collector_done"] is False
+    # Then it exits 0, its control queue went with it, and the stream ends with an "aborted" info
+    assert worker.wait(5) == 0
+    assert not link.queue_exists(started["control_queue"])
+    last = messages[-1]
+    assert last.get("aborted") is True and last["collector_done"] is False
+    samples = [m["cur_sample"] for m in messages]
+    assert samples == sorted(samples)
     assert "stopping cleanly" in worker.log()

@@ -22,6 +22,9 @@ from worker.storage import FileStamp, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
 
+#: How long the last info of a failed or aborted task waits for room in a full metadata queue.
+FINAL_INFO_WAIT_S = 5.0
+
 
 class FilePolicySource:
     """Reads the newest policy file, and only when it changed since the last read."""
@@ -61,6 +64,7 @@ class CollectorRun:
         steps: StepStore,
         policies: PolicyStore,
         policy_wait_s: float,
+        stall_timeout_s: float | None = None,
         envs: EnvBatch | None = None,
     ) -> None:
         self.start_task = start
@@ -68,7 +72,10 @@ class CollectorRun:
         self.stop = threading.Event()
         self.finished = threading.Event()
         self.error: str | None = None
+        self.orphaned = False
+        """The task's reader is gone (its metadata queue was deleted or stayed full): nobody will close it."""
         self.finished_at: float | None = None
+        self._stall_timeout_s = stall_timeout_s
         self._transport = transport
         self._role = role
         self._steps = steps
@@ -113,7 +120,7 @@ class CollectorRun:
     def _main(self) -> None:
         link = BrokerLink(self._transport, self._role)
         try:
-            publisher = MetadataPublisher(link, self.metadata, stop=self.stop)
+            publisher = MetadataPublisher(link, self.metadata, stop=self.stop, stall_timeout_s=self._stall_timeout_s)
             self._collect(publisher)
             if self._aborted:
                 self._final_info(publisher, aborted=True)
@@ -139,6 +146,12 @@ class CollectorRun:
             self._rollout.run()
         except StreamStopped:
             logger.info("task %s stopped while its metadata queue was full", start.task_id)
+        except MessagingError as exc:
+            # Deleted or never-drained metadata queue: the coordinator gave this task up.
+            self.error = exc.message
+            self.orphaned = True
+            logger.warning("task %s abandoned: %s", start.task_id, exc.message)
+            return
         except WarrenError as exc:
             # The coordinator learns of the failure from the stream: a final info marked done,
             # carrying the error, so it closes the task instead of waiting for data forever.
@@ -177,7 +190,10 @@ class CollectorRun:
             message["aborted"] = True
         if self.error is not None:
             message["error"] = self.error
+        # The run's stop switch is set by now; the final info gets its own, bounded patience
+        # for room in the queue (a coordinator reading the stream makes room within moments).
+        final = MetadataPublisher(publisher.link, self.metadata, stall_timeout_s=FINAL_INFO_WAIT_S)
         try:
-            publisher.publish(message, headers={"kind": "info"})
+            final.publish(message, headers={"kind": "info"})
         except (StreamStopped, MessagingError) as exc:
             logger.warning("task %s: final info not published: %s", self.task_id, exc)

@@ -86,7 +86,10 @@ class CollectorWorker:
             run = self._run
         if run is None or run.finished_at is None:
             return
-        if time.monotonic() - run.finished_at > self.config.close_wait_s:
+        if run.orphaned:
+            logger.warning("task %s has no reader any more: freeing the worker", run.task_id)
+            self._release(run)
+        elif time.monotonic() - run.finished_at > self.config.close_wait_s:
             logger.warning(
                 "task %s finished %.0f s ago and was never closed: closing it", run.task_id, self.config.close_wait_s
             )
@@ -170,6 +173,7 @@ class CollectorWorker:
                 steps=self.steps,
                 policies=self.policies,
                 policy_wait_s=self.config.policy_wait_s,
+                stall_timeout_s=self.config.stall_timeout_s,
                 envs=envs,
             )
             run.start()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging import (
+    BrokerConnectionError,
     BrokerLink,
     MessagingError,
     MetadataConsumer,
@@ -30,6 +31,7 @@ from messaging import (
     Settings,
 )
 from worker.coordinator.progress import Progress, RunLog, RunStats
+from worker.coordinator.resume import last_checkpoint
 from worker.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ class Task:
     last_info: dict[str, Any] = field(default_factory=dict)
     counted: dict[str, int] = field(default_factory=lambda: {"cur_step": 0, "cur_episode": 0})
     done: bool = False
+    misses: int = 0
 
 
 class Coordinator:
@@ -111,6 +114,9 @@ class Coordinator:
         self.link.open()
         self.link.declare(self.names.collector_tasks_decl())
         self.link.declare(self.names.learner_data_decl(self.run_cfg.coordinator.buffer_id))
+        checkpoint = last_checkpoint(self.config.run_log)
+        if checkpoint is not None:
+            self._resume(checkpoint)
         logger.info(
             "coordinating %s: %d collect tasks at a time, stop value %s",
             self.run_cfg.env.id,
@@ -125,16 +131,24 @@ class Coordinator:
         return self.summary()
 
     def _step(self) -> None:
-        self._fill()
-        self.link.process_events(0.05)
-        for task in list(self.tasks.values()):
-            try:
-                self._advance(task)
-            except MessagingError as exc:
-                logger.warning("task %s: %s", task.task_id, exc.message)
-        if time.monotonic() >= self._next_liveness:
-            self._check_liveness()
-            self._next_liveness = time.monotonic() + LIVENESS_CHECK_S
+        try:
+            self._fill()
+            self.link.process_events(0.05)
+            for task in list(self.tasks.values()):
+                try:
+                    self._advance(task)
+                except MessagingError as exc:
+                    if isinstance(exc, BrokerConnectionError):
+                        raise
+                    logger.warning("task %s: %s", task.task_id, exc.message)
+            if time.monotonic() >= self._next_liveness:
+                self._check_liveness()
+                self._next_liveness = time.monotonic() + LIVENESS_CHECK_S
+                self._checkpoint()
+        except BrokerConnectionError as exc:
+            # The link reconnects on its next use; until the broker is back there is nothing to do.
+            logger.error("broker unavailable: %s", exc.message)
+            self.stop.wait(1.0)
         self.progress.update(self.stats, self._workers_alive())
 
     def _finished(self) -> bool:
@@ -244,6 +258,7 @@ class Coordinator:
         task.last_heard = time.monotonic()
         self.stats.workers.add(task.worker_id)
         logger.debug("task %s running on %s", task.task_id, task.worker_id)
+        self._checkpoint()
 
     def _read_stream(self, task: Task) -> None:
         consumer = task.consumer
@@ -359,9 +374,15 @@ class Coordinator:
             if task.state is State.STARTING or task.control_queue is None:
                 continue
             if not self.link.queue_exists(task.control_queue):
-                logger.warning("worker %s is gone (task %s)", task.worker_id, task.task_id)
-                self._abandon_worker(task)
-            elif now - task.last_heard > silence and task.state is State.RUNNING:
+                # A worker reconnecting after a network blip redeclares its queue within a
+                # second: only a queue missing on two checks in a row means a dead worker.
+                task.misses += 1
+                if task.misses >= 2:
+                    logger.warning("worker %s is gone (task %s)", task.worker_id, task.task_id)
+                    self._abandon_worker(task)
+                continue
+            task.misses = 0
+            if now - task.last_heard > silence and task.state is State.RUNNING:
                 logger.warning("task %s silent for %.0f s; closing it and running it elsewhere", task.task_id, silence)
                 self._send_close(task)
                 task.done = True
@@ -392,6 +413,84 @@ class Coordinator:
                 self.link.delete_queue(task.metadata_queue)
             except MessagingError as exc:
                 logger.debug("could not delete %s: %s", task.metadata_queue, exc.message)
+
+    def _checkpoint(self) -> None:
+        stats = self.stats
+        running = {
+            t.task_id: {
+                "kind": t.kind,
+                "worker_id": t.worker_id,
+                "control_queue": t.control_queue,
+                "metadata_queue": t.metadata_queue,
+                "counted": t.counted,
+                "last_info": t.last_info,
+            }
+            for t in self.tasks.values()
+            if t.state is not State.STARTING
+        }
+        self.run_log.write(
+            "checkpoint",
+            {
+                "elapsed_s": round(stats.elapsed(), 3),
+                "env_steps": stats.env_steps,
+                "samples": stats.samples,
+                "episodes": stats.episodes,
+                "data_items": stats.data_items,
+                "tasks_done": stats.tasks_done,
+                "tasks_rerun": stats.tasks_rerun,
+                "evals": stats.evals,
+                "best_eval": stats.best_eval,
+                "last_eval": stats.last_eval,
+                "policy_iter": stats.policy_iter,
+                "seq": self._seq,
+                "running": running,
+            },
+        )
+
+    def _resume(self, checkpoint: dict[str, Any]) -> None:
+        stats = self.stats
+        stats.started_at = time.monotonic() - float(checkpoint.get("elapsed_s", 0.0))
+        for key in (
+            "env_steps",
+            "samples",
+            "episodes",
+            "data_items",
+            "tasks_done",
+            "tasks_rerun",
+            "evals",
+            "best_eval",
+            "last_eval",
+            "policy_iter",
+        ):
+            setattr(stats, key, checkpoint.get(key, getattr(stats, key)))
+        self._seq = int(checkpoint.get("seq", 0)) + 1000  # never reuse a task id of the earlier run
+        for task_id, saved in dict(checkpoint.get("running", {})).items():
+            self._adopt(task_id, saved)
+        logger.info(
+            "resumed the run at %d env steps, %d tasks done, re-attached to %d running tasks",
+            stats.env_steps,
+            stats.tasks_done,
+            len(self.tasks),
+        )
+
+    def _adopt(self, task_id: str, saved: dict[str, Any]) -> None:
+        task = Task(task_id, str(saved["kind"]), {}, state=State.RUNNING)
+        task.worker_id = saved.get("worker_id")
+        task.control_queue = saved.get("control_queue")
+        task.metadata_queue = saved.get("metadata_queue")
+        task.counted = dict(saved.get("counted") or task.counted)
+        task.last_info = dict(saved.get("last_info") or {})
+        task.done = bool(task.last_info.get("collector_done"))
+        if task.metadata_queue is None:
+            return
+        try:
+            task.consumer = MetadataConsumer(self.link, task.metadata_queue, prefetch=64)
+        except QueueNotFound:
+            logger.warning("task %s of the earlier coordinator left no metadata queue; dropping it", task_id)
+            return
+        self.tasks[task_id] = task
+        if task.worker_id is not None:
+            self.stats.workers.add(task.worker_id)
 
     def _workers_alive(self) -> int:
         return len({t.worker_id for t in self.tasks.values() if t.worker_id is not None})

@@ -80,7 +80,7 @@ class Learner:
         queue_decl = self.names.learner_data_decl(self.run_cfg.coordinator.buffer_id)
         with BrokerLink(self.config.transport, "learner") as link:
             link.declare(queue_decl)
-            self._write_policy()  # iteration 0, so collectors can start before any training
+            self._resume_or_start()
             consumer = MetadataConsumer(link, queue_decl.name, prefetch=_MAX_BATCH)
             logger.info("learning from %s, writing %s", queue_decl.name, self.policies.path(self._policy_name))
             last_report = time.monotonic()
@@ -94,6 +94,28 @@ class Learner:
             self._write_policy()
             consumer.close()
         logger.info("learner stopped after %d train steps", self.stats.train_steps)
+
+    def _resume_or_start(self) -> None:
+        """Continue from the policy file of an earlier learner of this run, if there is one.
+
+        The replay buffer starts empty either way; the weights and the iteration count carry
+        over, so a restarted learner does not hand collectors an untrained policy.
+        """
+        try:
+            snapshot = self.policies.read(self._policy_name)
+        except StorageError as exc:
+            logger.warning("cannot resume from the policy file (%s); starting fresh", exc.message)
+            snapshot = None
+        if snapshot is not None:
+            try:
+                self.learner.q_net.load_state_dict(snapshot.state_dict)
+                self.learner.target_net.load_state_dict(snapshot.state_dict)
+                self.learner.iter = snapshot.iter
+                logger.info("resumed from policy iter %d", snapshot.iter)
+                return
+            except (RuntimeError, ValueError) as exc:
+                logger.warning("policy file does not fit this network (%s); starting fresh", exc)
+        self._write_policy()  # iteration 0, so collectors can start before any training
 
     @property
     def _policy_name(self) -> str:
