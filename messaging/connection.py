@@ -100,6 +100,10 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
     try:
         return connect_retrying(timeout_s=budget, retry_if=_retryable)(attempt)
     except _FATAL_CONNECT_ERRORS as exc:
+        if _retryable(exc):  # the retry budget ran out on cut handshakes
+            raise ConnectionFailed(
+                f"could not connect to {settings.redacted_url} within {budget:g} s: {exc!r}"
+            ) from None
         raise ConnectionFailed(f"broker at {settings.redacted_url} refused the credentials or vhost: {exc!r}") from None
     except (pika.exceptions.AMQPError, OSError) as exc:
         elapsed = time.monotonic() - started
@@ -109,9 +113,14 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (pika.exceptions.AMQPConnectionError, OSError)) and not isinstance(
-        exc, _FATAL_CONNECT_ERRORS
-    )
+    if not isinstance(exc, (pika.exceptions.AMQPConnectionError, OSError)):
+        return False
+    if isinstance(exc, _FATAL_CONNECT_ERRORS):
+        # pika says "probable" auth/vhost error whenever the socket closes during the
+        # handshake, which also happens while a broker shuts down or boots. Only an explicit
+        # refusal from the broker is final; a cut handshake is retried like any outage.
+        return not any(word in str(exc) for word in ("ACCESS_REFUSED", "NOT_ALLOWED", "access to vhost"))
+    return True
 
 
 @contextmanager

@@ -125,7 +125,10 @@ class CollectorRun:
             if self._aborted:
                 self._final_info(publisher, aborted=True)
         except MessagingError as exc:
+            # The task thread lost the broker for longer than a reconnect budget: the
+            # coordinator will have given the task up, so free the worker for a new one.
             self.error = f"broker: {exc.message}"
+            self.orphaned = True
             logger.error("task %s lost its broker link: %s", self.task_id, exc.message)
         finally:
             link.close()

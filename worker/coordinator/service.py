@@ -389,15 +389,28 @@ class Coordinator:
 
     def _abandon_worker(self, task: Task) -> None:
         """The task's worker died or is leaving: keep what it published, run the task again."""
-        self._read_stream(task)
+        if task.task_id not in self.tasks:
+            return
+        self._drain(task)
         if task.done:
             self._complete(task, dict(task.last_info))
             return
         self._drop(task, rerun=True)
 
+    def _drain(self, task: Task) -> None:
+        """Read everything left in the task's metadata queue (all of it was confirmed to its worker)."""
+        deadline = time.monotonic() + 5.0
+        while task.consumer is not None and time.monotonic() < deadline:
+            self._read_stream(task)
+            if task.metadata_queue is None or not self.link.queue_depth(task.metadata_queue):
+                self._read_stream(task)
+                return
+            self.link.process_events(0.05)
+
     def _drop(self, task: Task, *, rerun: bool) -> None:
+        if self.tasks.pop(task.task_id, None) is None:
+            return  # already dropped or completed
         self._release_stream(task)
-        self.tasks.pop(task.task_id, None)
         if rerun:
             self.stats.tasks_rerun += 1
             if task.kind == "eval":

@@ -10,6 +10,8 @@ same lock the collectors read with, at most every ``policy_write_interval_s``.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import threading
 import time
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from messaging import BrokerLink, MetadataConsumer, MetadataItem, Names, Settings
+from messaging import BrokerConnectionError, BrokerLink, MetadataConsumer, MetadataItem, Names, Settings
 from worker.errors import StorageError
 from worker.rl.dqn import DQNLearner, ReplayBuffer
 from worker.rl.envs import make_env
@@ -31,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Messages taken from the queue per loop turn before training resumes.
 _MAX_BATCH = 64
+#: data_ids remembered to skip redeliveries of data already learned from.
+_RECENT_IDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class LearnerStats:
     items: int = 0
     samples: int = 0
     missing_files: int = 0
+    duplicates: int = 0
     corrupt_files: int = 0
     train_steps: int = 0
     policies_written: int = 0
@@ -72,6 +77,8 @@ class Learner:
         self.rng = np.random.default_rng(self.run_cfg.env.seed)
         self.stats = LearnerStats()
         self._train_credit = 0.0
+        self._recent: set[str] = set()
+        self._recent_order: collections.deque[str] = collections.deque()
         self._last_write = 0.0
 
     def run(self) -> None:
@@ -86,13 +93,19 @@ class Learner:
             last_report = time.monotonic()
             while not self.stop.is_set():
                 wait = 0.0 if self._can_train() else 0.2
-                self._take(consumer, wait)
+                try:
+                    self._take(consumer, wait)
+                except BrokerConnectionError as exc:
+                    # The link reconnects by itself on its next use; keep training meanwhile.
+                    logger.error("broker unavailable: %s", exc.message)
+                    self.stop.wait(0.0 if self._can_train() else 1.0)
                 self._train_some()
                 if time.monotonic() - last_report > 10.0:
                     last_report = time.monotonic()
                     self._report()
             self._write_policy()
-            consumer.close()
+            with contextlib.suppress(BrokerConnectionError):
+                consumer.close()
         logger.info("learner stopped after %d train steps", self.stats.train_steps)
 
     def _resume_or_start(self) -> None:
@@ -136,8 +149,16 @@ class Learner:
             logger.warning("dead-lettering a learner message without data_id")
             item.delivery.nack(requeue=False)
             return
+        if data_id in self._recent:
+            # A redelivery of something already learned from (at-least-once hand-over).
+            self.stats.duplicates += 1
+            item.ack()
+            return
+        # A redelivered message may name a file this learner already consumed and deleted
+        # before its ack was lost: do not wait for it to appear.
+        wait_s = 0.0 if item.redelivered else self.run_cfg.learner_process.read_wait_s
         try:
-            chunk = self.steps.read(data_id, wait_s=self.run_cfg.learner_process.read_wait_s)
+            chunk = self.steps.read(data_id, wait_s=wait_s)
             added = self.buffer.add(chunk.fields)
         except StorageError as exc:
             # Missing: already consumed (a duplicate delivery) or never written; corrupt: unusable.
@@ -149,12 +170,19 @@ class Learner:
             logger.warning("skipping %s: %s", data_id, exc.message)
             item.ack()
             return
+        self._remember(data_id)
         self.stats.items += 1
         self.stats.samples += added
         self._train_credit += added * self.run_cfg.learner.train_steps_per_sample
         item.ack()
         if self.run_cfg.learner_process.delete_consumed:
             self.steps.delete(data_id)
+
+    def _remember(self, data_id: str) -> None:
+        self._recent.add(data_id)
+        self._recent_order.append(data_id)
+        if len(self._recent_order) > _RECENT_IDS:
+            self._recent.discard(self._recent_order.popleft())
 
     def _can_train(self) -> bool:
         return len(self.buffer) >= self.run_cfg.learner.learning_starts and self._train_credit >= 1.0

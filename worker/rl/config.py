@@ -106,7 +106,9 @@ class EnvSpec:
     env_num: int
     """Number of envs stepped together with one batched policy forward pass."""
     seed: int | None = None
-    """Env ``i`` is reset with ``seed + i`` on its first episode; ``None`` for fresh entropy."""
+    """Env ``i`` is reset with ``seed + i`` on its first episode; ``None`` for fresh entropy.
+
+    The exploration RNG is seeded from it too (see ``EnvBatch.spawn_seed``)."""
 
     def __post_init__(self) -> None:
         _check_str(self.id, "collector_cfg.env.id", max_len=200)

@@ -97,6 +97,7 @@ class EnvBatch:
         self.n_actions = int(self.action_space.n)
         self._seed = seed
         self._was_reset = False
+        self._seed_seq = np.random.SeedSequence(seed)
         self._obs = np.zeros((env_num, self.obs_dim), dtype=np.float32)
         self._returns = np.zeros(env_num, dtype=np.float64)
 
@@ -109,6 +110,14 @@ class EnvBatch:
         view = self._obs.view()
         view.flags.writeable = False
         return view
+
+    def spawn_seed(self) -> int:
+        """A new seed for the exploration RNG of the next task run on this batch.
+
+        Tasks that share a long-lived batch must not replay the same exploration
+        draws; deriving the seeds from the batch seed keeps seeded runs reproducible.
+        """
+        return int(self._seed_seq.spawn(1)[0].generate_state(1)[0])
 
     @property
     def needs_reset(self) -> bool:

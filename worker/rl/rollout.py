@@ -223,7 +223,7 @@ class Rollout:
             with _failures_as(f"creating env {spec.env.id!r}"):
                 envs = EnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
         try:
-            policy = make_policy(spec.policy, envs.observation_space, envs.action_space, spec.env.seed)
+            policy = make_policy(spec.policy, envs.observation_space, envs.action_space, envs.spawn_seed())
             if isinstance(policy, DQNPolicy):
                 limit_torch_threads(1)
                 snapshot = self._wait_first_policy()

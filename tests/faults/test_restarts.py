@@ -1,0 +1,147 @@
+"""Restarts: the broker (stop_app/start_app), the coordinator and the learner, mid-run."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from messaging import BrokerLink, MessagingError, MetadataConsumer, MetadataPublisher, Names, Settings
+from tests import broker_admin
+from tests.fault_report import record, scaled
+from tests.faults.conftest import Cluster
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.fault]
+
+needs_rabbitmqctl = pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs a local rabbitmqctl")
+
+
+def _restart_broker(down_s: float) -> float:
+    """stop_app, wait, start_app; returns how long the broker was unavailable."""
+    started = time.monotonic()
+    subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120, capture_output=True)
+    time.sleep(down_s)
+    subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
+    subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=False, timeout=120, capture_output=True)
+    return time.monotonic() - started
+
+
+@needs_rabbitmqctl
+def test_metadata_confirmed_before_a_broker_restart_is_all_there_after_it(settings: Settings) -> None:
+    # Given a publisher sending numbered metadata with confirms, through a broker restart
+    patient = settings.replace(connect_timeout_s=90)
+    queue = Names(patient.prefix).metadata_decl("restart", max_length=100_000, expires_s=600)
+    confirmed: list[int] = []
+    failed: list[int] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        with BrokerLink(patient, "test-publisher") as link:
+            publisher = MetadataPublisher(link, queue)
+            i = 0
+            while not stop.is_set():
+                try:
+                    publisher.publish({"data_id": f"d{i}", "policy_iter": i})
+                    confirmed.append(i)
+                except MessagingError:
+                    failed.append(i)
+                i += 1
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    broker_admin.wait_until(lambda: len(confirmed) > 200, 30, "some confirmed publishes")
+    downtime = _restart_broker(scaled(2, 10))
+    broker_admin.wait_until(lambda: len(confirmed) > 0 and confirmed[-1] > 0 and len(confirmed) > 400, 90, "more")
+    stop.set()
+    thread.join(60)
+    # Then every confirmed message can be read after the restart
+    with BrokerLink(patient, "test-reader") as link:
+        consumer = MetadataConsumer(link, queue.name, prefetch=500)
+        seen: set[int] = set()
+        while (item := consumer.get(2.0)) is not None:
+            seen.add(int(item.message["policy_iter"]))
+            item.ack()
+        link.delete_queue(queue.name)
+    lost = sorted(set(confirmed) - seen)
+    assert lost == []
+    record(
+        "broker restart (stop_app/start_app), publisher",
+        faults=1,
+        downtime_s=round(downtime, 1),
+        messages_confirmed=len(confirmed),
+        messages_consumed=len(seen),
+        confirmed_but_lost=len(lost),
+        publish_errors=len(failed),
+    )
+
+
+@needs_rabbitmqctl
+def test_the_whole_job_survives_a_broker_restart(cluster: Cluster, settings: Settings) -> None:
+    # Given a running job whose processes allow a minute of reconnecting
+    patient = {"WARREN_CONNECT_TIMEOUT_S": "90"}
+    cluster.write_job("[coordinator]\ncollect_tasks = 2\nmax_time_s = 240.0\n")
+    learner = cluster._start("learner", ["learner", "--config", str(cluster.job)], **patient)
+    collectors = [cluster._start(f"c{i}", ["collector", "--worker-id", f"c{i}"], **patient) for i in range(2)]
+    coordinator = cluster._start(
+        "coordinator",
+        ["coordinator", "--config", str(cluster.job), "--run-log", str(cluster.run_log), "--progress", "log"],
+        **patient,
+    )
+    broker_admin.wait_until(lambda: len(cluster.records("task")) >= 2, 90, "the first finished tasks")
+    # When the broker application stops and starts again mid-run
+    downtime = _restart_broker(scaled(2, 10))
+    # Then every role reconnects by itself and the run still reaches the stop value
+    assert coordinator.wait(260) == 0, coordinator.log()[-3000:]
+    summary = cluster.summary(coordinator)
+    assert summary["success"]
+    assert learner.alive() and all(c.alive() for c in collectors)
+    for proc in (learner, *collectors, coordinator):
+        assert "link reconnected" in proc.log()
+    record(
+        "broker restart (stop_app/start_app), whole job",
+        faults=1,
+        downtime_s=round(downtime, 1),
+        tasks_completed=summary["tasks_done"],
+        tasks_rerun=summary["tasks_rerun"],
+        run_succeeded=summary["success"],
+    )
+
+
+def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> None:
+    cluster.write_job("[coordinator]\ncollect_tasks = 2\nmax_time_s = 240.0\n")
+    learner = cluster.learner()
+    for i in range(2):
+        cluster.collector(f"c{i}")
+    coordinator = cluster.coordinator()
+    broker_admin.wait_until(
+        lambda: any(r.get("train_iter", 0) > 0 for r in cluster.records("task")), 90, "tasks run on a trained policy"
+    )
+    # When the learner is killed and started again
+    learner.kill()
+    time.sleep(1.0)
+    learner = cluster.learner()
+    broker_admin.wait_until(lambda: "resumed from policy iter" in learner.log(), 60, "the learner to resume")
+    # and the coordinator is killed mid-run and started again on the same run log
+    before = cluster.records("checkpoint")[-1]
+    coordinator.signal(signal.SIGKILL)
+    coordinator.wait(10)
+    coordinator = cluster.coordinator()
+    # Then the run resumes where it was and reaches the stop value
+    assert coordinator.wait(260) == 0, coordinator.log()[-3000:]
+    summary = cluster.summary(coordinator)
+    assert "resumed the run" in coordinator.log()
+    assert summary["success"] and summary["env_steps"] >= before["env_steps"]
+    resumed_iter = int(learner.log().split("resumed from policy iter ")[1].split()[0])
+    assert resumed_iter > 0
+    record(
+        "learner SIGKILL + restart, coordinator SIGKILL + restart",
+        faults=2,
+        learner_resumed_at_iter=resumed_iter,
+        env_steps_at_coordinator_kill=before["env_steps"],
+        tasks_completed=summary["tasks_done"],
+        run_succeeded=summary["success"],
+    )
