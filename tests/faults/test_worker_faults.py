@@ -40,7 +40,7 @@ def test_collectors_killed_mid_task_lose_no_confirmed_data(
 ) -> None:
     # Given 3 collectors, a coordinator, and this test playing the learner
     kills = scaled(2, 8)
-    budget = scaled(30_000, 200_000)
+    budget = scaled(20_000, 200_000)
     cluster.write_job(
         f"[collector]\nn_sample = 1024\n[coordinator]\ncollect_tasks = 2\neval_interval_s = 10000.0\n"
         f"max_env_steps = {budget}\n"
