@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import argparse
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from worker.config import CollectorConfig
+from worker.flags import add_transport_flags, transport_overrides
 from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
-_TRANSPORT = (
-    "amqp_url",
-    "amqp_ca_file",
-    "prefix",
-    "heartbeat_s",
-    "connect_timeout_s",
-    "rpc_timeout_s",
-    "metadata_queue_length",
-)
 
-
-def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "collector",
         help="run a collector worker",
@@ -63,7 +53,6 @@ def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentPa
 
 def run(args: argparse.Namespace) -> int:
     keys = (
-        *_TRANSPORT,
         "worker_id",
         "path_data",
         "path_policy",
@@ -74,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         "stop_grace_s",
         "fsync",
     )
-    config = CollectorConfig.from_env(**{k: getattr(args, k) for k in keys})
+    config = CollectorConfig.from_env(**transport_overrides(args), **{k: getattr(args, k) for k in keys})
     setup_logging(f"collector {config.worker_id}", args.log_level)
     stop = threading.Event()
     install_stop_handlers(stop)

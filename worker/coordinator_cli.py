@@ -5,31 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from messaging import Settings, WarrenError
-from worker.job_cli import add_job_flags, job_config
+from messaging import WarrenError
+from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
 from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
-TRANSPORT = (
-    "amqp_url",
-    "amqp_ca_file",
-    "prefix",
-    "heartbeat_s",
-    "connect_timeout_s",
-    "rpc_timeout_s",
-    "metadata_queue_length",
-)
 
-
-def transport_settings(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(**{k: getattr(args, k) for k in TRANSPORT})
-
-
-def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "coordinator",
         help="schedule collect/eval tasks and feed the learner",

@@ -20,13 +20,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from messaging import Settings, WarrenError
-from worker.coordinator_cli import transport_settings
-from worker.job_cli import add_job_flags, job_config
+from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
 from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
@@ -36,7 +34,7 @@ logger = logging.getLogger(__name__)
 CHILD_GRACE_S = 30.0
 
 
-def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "run",
         help="train on this machine: coordinator + N collectors + learner",

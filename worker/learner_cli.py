@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import argparse
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.coordinator_cli import transport_settings
-from worker.job_cli import add_job_flags, job_config
+from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
 from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
 
-def add_parser(commands: Any, add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "learner",
         help="train a DQN from the step data and write policy files",

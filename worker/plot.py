@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from messaging import ConfigurationError
 
 
-def add_parser(commands: Any, _add_transport_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "plot",
         help="draw eval return and env steps/s against env steps from a run log",
