@@ -282,11 +282,15 @@ class BrokerLink:
         self._ensure()
 
     def _with_recovery(self, what: Callable[[], Any]) -> Any:
+        # translated() here too: a pika error raised outside the operations' own blocks
+        # (opening a channel on a connection that died while idle) must still be recovered.
         try:
-            return what()
+            with translated(f"{self.role} link"):
+                return what()
         except ConnectionClosed as exc:
             self._recover(exc)
-            return what()
+            with translated(f"{self.role} link"):
+                return what()
 
     # -- topology -----------------------------------------------------------------
 

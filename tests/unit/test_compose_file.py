@@ -1,0 +1,354 @@
+"""docker-compose.yml, .env.example and deploy/: valid for Docker Compose, and wired to warren's real settings.
+
+``docker-compose config`` (Debian's docker-compose 1.29, which needs no Docker engine for
+``config``) validates the file; the other tests read it with tests/compose.py, whose
+reading is checked against docker-compose's here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import yaml
+
+from messaging import Settings
+from tests.compose import (
+    COMPOSE_FILE,
+    ENV_EXAMPLE,
+    ROOT,
+    duration_s,
+    interpolate,
+    load_compose,
+    named_mounts,
+    read_env_file,
+    service_command,
+    service_environment,
+)
+from worker.cli import build_parser
+from worker.config import CollectorConfig
+from worker.run_config import RunConfig
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+WARREN_SERVICES = ("collector", "coordinator", "learner")
+DOCS = ROOT / "docs" / "compose.md"
+#: Settings the compose file deliberately does not pass through (documented in docs/compose.md).
+NOT_IN_COMPOSE = {"WARREN_AMQP_CA_FILE", "WARREN_WORKER_ID"}
+
+EXAMPLE = read_env_file()
+
+
+def settings_variables() -> set[str]:
+    return {"WARREN_" + f.name.upper() for f in dataclasses.fields(Settings)}
+
+
+def collector_variables() -> set[str]:
+    names = {f.name for f in dataclasses.fields(CollectorConfig)} - {"transport"}
+    return {"WARREN_" + name.upper() for name in names}
+
+
+def compose_variables() -> set[str]:
+    """Every variable docker-compose.yml interpolates."""
+    return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", COMPOSE_FILE.read_text()))
+
+
+def compose_defaults() -> dict[str, str]:
+    """``{VAR: default}`` of every ``${VAR:-default}`` in docker-compose.yml."""
+    return dict(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}", COMPOSE_FILE.read_text()))
+
+
+def arg_after(command: list[str], flag: str) -> str:
+    assert flag in command, f"{flag} missing from {command}"
+    return command[command.index(flag) + 1]
+
+
+# -- docker-compose itself -------------------------------------------------------------
+
+
+def docker_compose_config(env_file: Path) -> dict[str, Any]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        if CI:
+            pytest.fail("docker-compose is not installed (scripts/test installs Debian's package)")
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
+    # A clean environment: variables of the calling shell would override the env file.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
+    done = subprocess.run(
+        [exe, "--project-directory", str(ROOT), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"docker-compose config failed:\n{done.stderr}"
+    config: dict[str, Any] = yaml.safe_load(done.stdout)
+    return config
+
+
+@pytest.mark.parametrize("env_name", ["env.example", "no .env"])
+def test_docker_compose_accepts_the_file_and_reads_it_as_we_do(env_name: str, tmp_path: Path) -> None:
+    if env_name == "env.example":
+        env_file, variables = ENV_EXAMPLE, EXAMPLE
+    else:
+        env_file, variables = tmp_path / "empty.env", {}
+        env_file.write_text("")
+    rendered = docker_compose_config(env_file)
+    ours = load_compose(variables)
+    assert set(rendered["services"]) == set(ours["services"]) == {"rabbitmq", *WARREN_SERVICES}
+    assert set(rendered["volumes"]) == {"rabbitmq-data", "warren-data"}
+    for name, service in rendered["services"].items():
+        assert service_environment(service) == service_environment(ours["services"][name]), name
+        if name in WARREN_SERVICES:
+            assert service_command(service) == service_command(ours["services"][name]), name
+    health = rendered["services"]["rabbitmq"]["healthcheck"]
+    assert "rabbitmq-diagnostics" in health["test"]
+    assert duration_s(health["start_period"]) > 0
+    collector = rendered["services"]["collector"]
+    assert "container_name" not in collector
+    assert "ports" not in collector
+    assert collector["deploy"]["replicas"] == int(variables.get("WARREN_COLLECTORS", "2"))
+    for name in WARREN_SERVICES:
+        assert rendered["services"][name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
+    rabbit_env = rendered["services"]["rabbitmq"]["environment"]
+    assert rabbit_env["RABBITMQ_DEFAULT_USER"] != "guest"
+    assert rabbit_env["RABBITMQ_DEFAULT_PASS"] not in ("guest", "")
+    assert "guest" not in collector["environment"]["WARREN_AMQP_URL"]
+
+
+# -- the broker service -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variables", [EXAMPLE, {}], ids=["env.example", "defaults"])
+def test_broker_credentials_are_not_guest_and_match_the_workers_url(variables: dict[str, str]) -> None:
+    services = load_compose(variables)["services"]
+    rabbit_env = service_environment(services["rabbitmq"])
+    user, password = rabbit_env["RABBITMQ_DEFAULT_USER"], rabbit_env["RABBITMQ_DEFAULT_PASS"]
+    assert user and password
+    assert "guest" not in (user, password)
+    for name in WARREN_SERVICES:
+        url = urlsplit(service_environment(services[name])["WARREN_AMQP_URL"])
+        assert (url.scheme, url.hostname, url.port) == ("amqp", "rabbitmq", 5672), name
+        assert (url.username, url.password) == (user, password), name
+        assert unquote(url.path) == "//", name  # the default vhost "/"
+
+
+def test_broker_is_monitorable_persistent_and_configured() -> None:
+    compose = load_compose(EXAMPLE)
+    rabbit = compose["services"]["rabbitmq"]
+    assert re.fullmatch(r"rabbitmq:(3\.1[3-9]|[4-9]\.\d+)(\.\d+)?-management", rabbit["image"])
+    assert rabbit["hostname"] == "rabbitmq"  # the node name, hence the data directory, stays fixed
+    published = {int(str(port).rsplit(":", 1)[1]): str(port) for port in rabbit["ports"]}
+    assert set(published) == {5672, 15672, 15692}
+    assert all(spec.startswith("127.0.0.1:") for spec in published.values())  # loopback by default
+    assert named_mounts(rabbit, compose["volumes"]) == {"/var/lib/rabbitmq": "rabbitmq-data"}
+    binds = {str(v).split(":")[1]: ROOT / str(v).split(":")[0] for v in rabbit["volumes"] if str(v).startswith("./")}
+    assert binds.keys() == {"/etc/rabbitmq/conf.d/90-warren.conf", "/etc/rabbitmq/enabled_plugins"}
+    assert all(path.is_file() for path in binds.values())
+    test = rabbit["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1] == "rabbitmq-diagnostics"
+    assert duration_s(rabbit["healthcheck"]["interval"]) <= 30
+
+
+def test_enabled_plugins_turn_on_management_and_prometheus() -> None:
+    text = (ROOT / "deploy" / "enabled_plugins").read_text().strip()
+    match = re.fullmatch(r"\[([a-z_,\s]*)\]\.", text)
+    assert match, "enabled_plugins must be one Erlang list term ending with a dot"
+    plugins = {p.strip() for p in match.group(1).split(",")}
+    assert {"rabbitmq_management", "rabbitmq_prometheus"} <= plugins
+
+
+def _rabbit_schema_keys() -> list[str]:
+    keys: list[str] = []
+    for root in (Path("/usr/lib/rabbitmq/lib"), Path("/opt/rabbitmq")):
+        for schema in root.glob("**/priv/schema/*.schema") if root.is_dir() else []:
+            keys += re.findall(r'\{mapping,\s*"([^"]+)"', schema.read_text(errors="replace"))
+    return keys
+
+
+def test_rabbitmq_conf_uses_only_keys_the_broker_knows() -> None:
+    settings = {}
+    for line in (ROOT / "deploy" / "rabbitmq.conf").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, f"not key = value: {line!r}"
+            settings[key.strip()] = value.strip()
+    # Long collection tasks: above the broker's 30 min default.
+    assert int(settings["consumer_timeout"]) >= 3_600_000
+    known = _rabbit_schema_keys()
+    if not known:
+        pytest.skip("no local RabbitMQ schema files to check the keys against")
+    patterns = [re.compile("^" + re.sub(r"\\\$[a-z_]+", r"[^.]+", re.escape(key)) + "$") for key in known]
+    for key in settings:
+        assert any(p.match(key) for p in patterns), f"rabbitmq.conf key {key!r} is unknown to RabbitMQ"
+
+
+# -- the warren services ------------------------------------------------------------------
+
+
+def test_every_warren_command_parses_with_the_real_cli() -> None:
+    services = load_compose(EXAMPLE)["services"]
+    parser = build_parser()
+    for name in WARREN_SERVICES:
+        command = service_command(services[name])
+        assert command[0] == name
+        args = parser.parse_args(command)
+        assert args.command == name
+
+
+def test_shared_volume_holds_data_policies_and_the_run_log() -> None:
+    compose = load_compose(EXAMPLE)
+    services = compose["services"]
+    for name in WARREN_SERVICES:
+        mounts = named_mounts(services[name], compose["volumes"])
+        assert mounts == {"/data": "warren-data"}, name
+        env = service_environment(services[name])
+        assert env["WARREN_PATH_DATA"] == "/data/steps", name
+        assert env["WARREN_PATH_POLICY"] == "/data/policy", name
+    run_log = arg_after(service_command(services["coordinator"]), "--run-log")
+    assert run_log.startswith("/data/")
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "mkdir -p /data/steps /data/policy /data/runs" in dockerfile  # owned by the image's user
+
+
+def test_collectors_scale_and_stop_within_the_grace_period() -> None:
+    collector = load_compose(EXAMPLE)["services"]["collector"]
+    assert "container_name" not in collector
+    assert "ports" not in collector
+    env = service_environment(collector)
+    assert "WARREN_WORKER_ID" not in env  # each replica's default id is unique
+    assert collector["restart"] == "on-failure"
+    grace = float(env["WARREN_STOP_GRACE_S"] or CollectorConfig().stop_grace_s)
+    assert duration_s(collector["stop_grace_period"]) >= grace + 10
+
+
+def test_job_variables_reach_the_coordinator_and_learner() -> None:
+    variables = {
+        **EXAMPLE,
+        "WARREN_COLLECT_TASKS": "7",
+        "WARREN_ENV_ID": "Acrobot-v1",
+        "WARREN_STOP_VALUE": "-90",
+        "WARREN_MAX_ENV_STEPS": "1234",
+        "WARREN_MAX_TIME_S": "56",
+        "WARREN_SEED": "9",
+        "WARREN_COLLECTORS": "7",
+    }
+    services = load_compose(variables)["services"]
+    coordinator = service_command(services["coordinator"])
+    expected = {
+        "--collect-tasks": "7",
+        "--env-id": "Acrobot-v1",
+        "--stop-value": "-90",
+        "--max-env-steps": "1234",
+        "--max-time-s": "56",
+        "--seed": "9",
+    }
+    assert {flag: arg_after(coordinator, flag) for flag in expected} == expected
+    learner = service_command(services["learner"])
+    assert (arg_after(learner, "--env-id"), arg_after(learner, "--seed")) == ("Acrobot-v1", "9")
+    assert services["collector"]["deploy"]["replicas"] == "7"
+
+
+def test_compose_defaults_are_warrens_defaults() -> None:
+    services = load_compose({})["services"]
+    job = RunConfig()
+    coordinator = service_command(services["coordinator"])
+    assert int(arg_after(coordinator, "--collect-tasks")) == job.coordinator.collect_tasks
+    assert arg_after(coordinator, "--env-id") == job.env.id
+    assert float(arg_after(coordinator, "--stop-value")) == job.env.stop_value
+    assert int(arg_after(coordinator, "--max-env-steps")) == job.coordinator.max_env_steps
+    assert float(arg_after(coordinator, "--max-time-s")) == job.coordinator.max_time_s
+    assert int(arg_after(coordinator, "--seed")) == job.env.seed
+    assert float(service_environment(services["collector"])["WARREN_STOP_GRACE_S"]) == CollectorConfig().stop_grace_s
+
+
+def test_every_warren_setting_can_be_set_from_the_env_file() -> None:
+    services = load_compose(EXAMPLE)["services"]
+    transport = settings_variables() - NOT_IN_COMPOSE
+    for name in WARREN_SERVICES:
+        env = service_environment(services[name])
+        assert transport <= env.keys(), f"{name} lacks {sorted(transport - env.keys())}"
+    collector_env = service_environment(services["collector"])
+    wanted = collector_variables() - NOT_IN_COMPOSE
+    assert wanted <= collector_env.keys(), f"collector lacks {sorted(wanted - collector_env.keys())}"
+    # Each is either fixed by the compose file or read from .env (empty: warren's default).
+    template = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["collector"]["environment"]
+    for variable in wanted | transport:
+        raw = str(template[variable])
+        assert raw.startswith("/data/") or f"${{{variable}" in raw or variable == "WARREN_AMQP_URL", variable
+
+
+def test_empty_settings_fall_back_to_warrens_defaults() -> None:
+    env = service_environment(load_compose({})["services"]["collector"])
+    warren_env = {k: v for k, v in env.items() if k.startswith("WARREN_")}
+    config = CollectorConfig.from_env(warren_env)
+    assert config.transport.rpc_timeout_s == Settings().rpc_timeout_s
+    assert config.transport.prefix == Settings().prefix
+    assert config.handler_threads == CollectorConfig().handler_threads
+    assert config.transport.connect_timeout_s >= 120  # containers start in any order
+    assert config.path_data == Path("/data/steps")
+
+
+def test_env_example_matches_the_compose_file() -> None:
+    used = compose_variables()
+    defaults = compose_defaults()
+    assert set(EXAMPLE) <= used, f"unused in docker-compose.yml: {sorted(set(EXAMPLE) - used)}"
+    for variable, value in EXAMPLE.items():
+        assert '"' not in value and "'" not in value, f"{variable}: quotes are read differently by compose versions"
+        if defaults.get(variable):
+            assert value == defaults[variable], f"{variable}: .env.example {value!r} vs compose {defaults[variable]!r}"
+    for variable in ("RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS", "WARREN_COLLECT_TASKS", "WARREN_COLLECTORS"):
+        assert variable in EXAMPLE
+
+
+def test_torch_build_args_match_the_dockerfile() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    build_args = load_compose({})["services"]["collector"]["build"]["args"]
+    for name, value in build_args.items():
+        assert f"ARG {name}={value}\n" in dockerfile, name
+
+
+def test_docs_describe_every_variable() -> None:
+    docs = DOCS.read_text()
+    for variable in sorted(compose_variables() | settings_variables() | collector_variables()):
+        assert f"`{variable}`" in docs, f"docs/compose.md does not mention {variable}"
+
+
+def _doc_default(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Path) and not value.is_absolute():
+        return f"./{value}"
+    return str(value)
+
+
+def test_docs_state_warrens_real_defaults() -> None:
+    rows = {
+        match.group(1): match.group(2)
+        for match in re.finditer(r"^\| `(WARREN_[A-Z_]+)` \| ([^|]*) \|", DOCS.read_text(), re.MULTILINE)
+    }
+    configs: list[Any] = [Settings(), CollectorConfig()]
+    for config in configs:
+        for field in dataclasses.fields(config):
+            value = getattr(config, field.name)
+            if field.name in ("transport", "worker_id") or value == "":
+                continue
+            variable = "WARREN_" + field.name.upper()
+            assert f"`{_doc_default(value)}`" in rows[variable], f"{variable}: docs say {rows[variable]!r}"
+
+
+def test_interpolation_forms() -> None:
+    variables = {"SET": "x", "EMPTY": ""}
+    assert interpolate("${SET}-${UNSET}-$SET-$$SET", variables) == "x--x-$SET"
+    assert interpolate("${EMPTY:-d}|${EMPTY-d}|${UNSET-d}|${SET:-d}", variables) == "d||d|x"
+    with pytest.raises(ValueError, match="UNSET: needed"):
+        interpolate("${UNSET:?needed}", variables)
