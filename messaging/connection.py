@@ -16,6 +16,7 @@ from pika.adapters.blocking_connection import BlockingConnection
 
 from messaging.errors import (
     ChannelError,
+    ConfigurationError,
     ConnectionClosed,
     ConnectionFailed,
     PublishRejected,
@@ -75,7 +76,12 @@ def parameters(settings: Settings, role: str) -> pika.URLParameters:
         "warren_role": role,
     }
     if settings.amqp_url.startswith("amqps://"):
-        context = ssl.create_default_context(cafile=settings.amqp_ca_file or None)
+        try:
+            context = ssl.create_default_context(cafile=settings.amqp_ca_file or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(
+                f"amqp_ca_file {settings.amqp_ca_file!r} is not a usable CA bundle: {exc}"
+            ) from None
         params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
     return params
 

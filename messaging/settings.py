@@ -70,6 +70,13 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
+    def __repr__(self) -> str:
+        # Settings end up in logs and tracebacks: never show the password.
+        shown = ", ".join(
+            f"{f.name}={self.redacted_url if f.name == 'amqp_url' else getattr(self, f.name)!r}" for f in fields(self)
+        )
+        return f"Settings({shown})"
+
     @property
     def redacted_url(self) -> str:
         """The broker URL with its password replaced by ``***``, safe for logs and errors."""

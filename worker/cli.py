@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from collections.abc import Sequence
 
-from messaging import ConfigurationError
-from worker import collector_cli, coordinator_cli, launcher, learner_cli, plot
+from worker.lifecycle import install_stop_handlers
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from worker import collector_cli, coordinator_cli, launcher, learner_cli, plot
+
     parser = argparse.ArgumentParser(
         prog="warren",
         description="RabbitMQ-driven workers for distributed RL data collection.",
@@ -22,8 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Signal handlers come first, before the heavy imports (torch, gymnasium): a SIGTERM
+    # that arrives while a process is still starting must stop it cleanly too.
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    from messaging import ConfigurationError
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.stop = stop
     if args.command is None:
         parser.print_help()
         return 2

@@ -9,7 +9,6 @@ from typing import Any
 
 from worker.config import CollectorConfig
 from worker.flags import add_transport_flags, transport_overrides
-from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
 
@@ -65,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = CollectorConfig.from_env(**transport_overrides(args), **{k: getattr(args, k) for k in keys})
     setup_logging(f"collector {config.worker_id}", args.log_level)
-    stop = threading.Event()
-    install_stop_handlers(stop)
+    stop: threading.Event = args.stop
     from worker.collector.service import run_collector  # torch and gymnasium load only when serving
 
     return run_collector(config, stop)

@@ -10,7 +10,6 @@ from typing import Any
 
 from messaging import WarrenError
 from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
-from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
 
@@ -43,8 +42,7 @@ def run(args: argparse.Namespace) -> int:
     transport = transport_settings(args)
     job = job_config(args, **{"coordinator.collect_tasks": args.collect_tasks})
     setup_logging("coordinator", args.log_level)
-    stop = threading.Event()
-    install_stop_handlers(stop)
+    stop: threading.Event = args.stop
     config = CoordinatorConfig(transport=transport, run=job, run_log=args.run_log, progress=args.progress)
     try:
         summary = Coordinator(config, stop).run()

@@ -25,7 +25,6 @@ from typing import IO, Any
 
 from messaging import Settings, WarrenError
 from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
-from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -112,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     setup_logging("run", args.log_level)
     (workdir / "job.json").write_text(json.dumps(job.to_dict(), indent=2, default=list))
-    stop = threading.Event()
-    install_stop_handlers(stop)
+    stop: threading.Event = args.stop
     children = Children(_child_env(transport, workdir), workdir / "logs")
     job_flags = _job_flags(args)
     logger.info(

@@ -9,7 +9,6 @@ from typing import Any
 
 from messaging import WarrenError
 from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
-from worker.lifecycle import install_stop_handlers
 from worker.logs import setup_logging
 
 
@@ -43,8 +42,7 @@ def run(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads,
     )
     setup_logging("learner", args.log_level)
-    stop = threading.Event()
-    install_stop_handlers(stop)
+    stop: threading.Event = args.stop
     try:
         Learner(config, stop).run()
     except WarrenError as exc:

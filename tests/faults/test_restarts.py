@@ -123,8 +123,11 @@ def test_the_whole_job_survives_a_broker_restart(cluster: Cluster, settings: Set
 
 
 def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> None:
-    budget = scaled(16_000, 150_000)
-    cluster.write_job(f"[coordinator]\ncollect_tasks = 2\nmax_time_s = 240.0\nmax_env_steps = {budget}\n")
+    budget = scaled(24_000, 150_000)
+    cluster.write_job(
+        f"[coordinator]\ncollect_tasks = 2\nmax_time_s = 240.0\nmax_env_steps = {budget}\n"
+        "[learner]\nlearning_starts = 200\n"
+    )
     learner = cluster.learner()
     for i in range(2):
         cluster.collector(f"c{i}")
@@ -132,6 +135,7 @@ def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> No
     broker_admin.wait_until(
         lambda: any(r.get("train_iter", 0) > 0 for r in cluster.records("task")), 90, "tasks run on a trained policy"
     )
+    assert not cluster.records("summary"), "the run ended before the faults could be injected"
     # When the learner is killed and started again
     learner.kill()
     time.sleep(1.0)

@@ -40,7 +40,7 @@ def test_collectors_killed_mid_task_lose_no_confirmed_data(
 ) -> None:
     # Given 3 collectors, a coordinator, and this test playing the learner
     kills = scaled(2, 8)
-    budget = scaled(20_000, 200_000)
+    budget = scaled(40_000, 200_000)
     cluster.write_job(
         f"[collector]\nn_sample = 1024\n[coordinator]\ncollect_tasks = 2\neval_interval_s = 10000.0\n"
         f"max_env_steps = {budget}\n"
@@ -56,7 +56,7 @@ def test_collectors_killed_mid_task_lose_no_confirmed_data(
     unreadable: list[str] = []
     rng = random.Random(7)
     killed = 0
-    next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
+    next_kill = time.monotonic() + rng.uniform(0.5, 1.5)
     deadline = time.monotonic() + 240
 
     def take(item: Any) -> None:
@@ -80,7 +80,7 @@ def test_collectors_killed_mid_task_lose_no_confirmed_data(
                     killed += 1
                     spare = f"c{len(workers) + killed + 2}"
                     workers[spare] = cluster.collector(spare)
-                next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
+                next_kill = time.monotonic() + rng.uniform(0.5, 1.5)
     while (item := consumer.get(1.0)) is not None:
         take(item)
     # Then the coordinator finished its budget on its own (no hang), re-running the lost tasks

@@ -151,9 +151,7 @@ def test_ctrl_c_stops_the_whole_job_and_leaves_no_process(settings: Settings, tm
     )
     try:
         wait_until(
-            lambda: (workdir / "run.jsonl").exists() and "task" in (workdir / "run.jsonl").read_text(),
-            60,
-            "the first finished task",
+            lambda: (workdir / "run.jsonl").exists() and bool(_records(workdir, "task")), 60, "the first finished task"
         )
         # Ctrl-C: SIGINT to the whole foreground process group
         os.killpg(run.pid, signal.SIGINT)

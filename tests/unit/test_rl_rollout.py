@@ -209,7 +209,7 @@ def test_dqn_gives_up_after_policy_wait_s() -> None:
     source = CountingSource(none_first=10**9)
     start = time.monotonic()
 
-    with pytest.raises(PolicyUnavailable, match=r"no policy file at policy_test after 0\.3 s"):
+    with pytest.raises(PolicyUnavailable, match=r"no usable policy file at policy_test after 0\.3 s"):
         run(make_spec(policy="dqn", n_sample=10), source, policy_wait_s=0.3)
 
     assert 0.3 <= time.monotonic() - start < 3.0

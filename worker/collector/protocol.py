@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from worker.errors import TaskError, UnsafePath
+from worker.errors import TaskError, UnsafePath, short_repr
 from worker.rl.config import CollectorSpec
-from worker.storage import resolve_under
+from worker.storage import PolicyStore
 
 RESOURCE: Final = "resource"
 START: Final = "collector_start_task"
@@ -52,7 +52,7 @@ def _checked_id(info: Mapping[str, Any], key: str) -> str:
     value = info.get(key)
     if not isinstance(value, str) or not _ID_RE.match(value):
         raise TaskError(
-            f"task_info.{key} must be a string matching {_ID_RE.pattern}, got {value!r:.80}",
+            f"task_info.{key} must be a string matching {_ID_RE.pattern}, got {short_repr(value)}",
             {"message": f"bad {key}"},
         )
     return value
@@ -87,10 +87,26 @@ class StartTask:
             raise TaskError(exc.message, exc.result or {"message": "bad collector_cfg"}) from None
         if spec.policy_update_path is not None:
             try:
-                resolve_under(path_policy, spec.policy_update_path)
+                PolicyStore.check_name(path_policy, spec.policy_update_path)
             except UnsafePath as exc:
                 raise TaskError(f"refused policy_update_path: {exc.message}", {"message": "unsafe path"}) from None
         return cls(task_id, buffer_id, spec, info)
+
+
+#: Counters and ids in metadata are integers in this range (msgpack carries up to 2**64-1).
+_MAX_COUNTER: Final = 2**53
+
+
+def checked_count(metadata: Mapping[str, Any], key: str) -> int:
+    """An integer counter of a metadata item (``cur_step``, ``unroll_len``...), 0 when absent.
+
+    Raises:
+        TaskError: the value is not an integer in ``0..2**53``.
+    """
+    value = metadata.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNTER:
+        raise TaskError(f"metadata {key} must be an integer in 0..2**53, got {short_repr(value)}")
+    return value
 
 
 def check_metadata(metadata: Mapping[str, Any]) -> None:

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from messaging import BrokerLink, MessagingError, MetadataPublisher, QueueDecl, Settings, StreamStopped
+from messaging import BrokerLink, CodecError, MessagingError, MetadataPublisher, QueueDecl, Settings, StreamStopped
 from worker.collector.protocol import StartTask
 from worker.collector.sink import BrokerSink
 from worker.errors import WarrenError
@@ -149,6 +149,12 @@ class CollectorRun:
             self._rollout.run()
         except StreamStopped:
             logger.info("task %s stopped while its metadata queue was full", start.task_id)
+        except CodecError as exc:
+            # Something the task produced cannot be encoded: a failure of the task itself.
+            self.error = exc.message
+            logger.error("task %s failed: %s", start.task_id, exc.message)
+            self._final_info(publisher, aborted=False)
+            return
         except MessagingError as exc:
             # Deleted or never-drained metadata queue: the coordinator gave this task up.
             self.error = exc.message

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from messaging import DecodeError, Names, Reply, Request, RpcServer, decode
@@ -199,7 +200,10 @@ class CollectorWorker:
     def _envs_for(self, start: StartTask) -> EnvBatch | None:
         spec = start.spec
         if spec.eval_flag:
-            return None  # eval tasks measure fresh episodes on their own envs
+            # Eval tasks measure fresh episodes on their own envs; check the id now all the same.
+            if spec.env.id not in gym.registry:
+                raise TaskError(f"unknown env id {spec.env.id!r}: not in the gymnasium registry")
+            return None
         envs = self._envs
         if envs is not None and (envs.env_id != spec.env.id or len(envs) != spec.env.env_num):
             envs.close()

@@ -30,8 +30,10 @@ from messaging import (
     RpcClient,
     Settings,
 )
+from worker.collector.protocol import check_metadata, checked_count
 from worker.coordinator.progress import Progress, RunLog, RunStats
 from worker.coordinator.resume import last_checkpoint
+from worker.errors import TaskError, short_repr
 from worker.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -250,9 +252,18 @@ class Coordinator:
                 self.client.abandon(task.correlation_id)
                 self._send_start(task)
             return
-        task.worker_id = str(reply["worker_id"])
-        task.control_queue = str(reply["control_queue"])
-        task.metadata_queue = str(reply["metadata_queue"])
+        try:
+            task.worker_id = str(reply["worker_id"])
+            task.control_queue = str(reply["control_queue"])
+            task.metadata_queue = str(reply["metadata_queue"])
+        except (KeyError, TypeError):
+            logger.error(
+                "task %s: start reply without worker_id/control_queue/metadata_queue: %s",
+                task.task_id,
+                short_repr(reply),
+            )
+            self._drop(task, rerun=True)
+            return
         task.consumer = MetadataConsumer(self.link, task.metadata_queue, prefetch=64)
         task.state = State.RUNNING
         task.last_heard = time.monotonic()
@@ -270,13 +281,20 @@ class Coordinator:
 
     def _handle_item(self, task: Task, item: MetadataItem) -> None:
         message = item.message
+        try:
+            _check_item(message)
+        except TaskError as exc:
+            # Not something a collector sends: park it in the dead-letter queue, say so, go on.
+            logger.warning("dead-lettering malformed metadata of task %s: %s", task.task_id, exc.message)
+            item.delivery.nack(requeue=False)
+            return
         if "data_id" in message:
             # The learner's copy is confirmed before the stream's is acked: nothing is lost
             # if we die in between (the learner may see it twice, and skips a vanished file).
             self.link.publish(self.learner_queue, item.delivery.envelope.body, persistent=True)
-            self.stats.samples += int(message.get("unroll_len", 0))
+            self.stats.samples += message.get("unroll_len", 0)
             self.stats.data_items += 1
-            self.stats.policy_iter = max(self.stats.policy_iter, int(message.get("policy_iter", 0)))
+            self.stats.policy_iter = max(self.stats.policy_iter, message["policy_iter"])
         else:
             task.last_info = message
             if message.get("error"):
@@ -292,7 +310,7 @@ class Coordinator:
         item.ack()
 
     def _count(self, task: Task, message: dict[str, Any]) -> None:
-        steps = int(message.get("cur_step", 0))
+        steps = int(message.get("cur_step", 0))  # checked by _check_item
         episodes = int(message.get("cur_episode", 0))
         self.stats.env_steps += max(0, steps - task.counted["cur_step"])
         self.stats.episodes += max(0, episodes - task.counted["cur_episode"])
@@ -346,7 +364,12 @@ class Coordinator:
         if finish_info.get("error") or not finish_info.get("real_episode_count"):
             logger.warning("eval task %s produced no episodes (%s)", task.task_id, finish_info.get("error"))
             return
-        reward = float(finish_info.get("reward_mean", 0.0))
+        try:
+            reward = float(finish_info.get("reward_mean", 0.0))
+            train_iter = int(finish_info.get("train_iter", 0))
+        except (TypeError, ValueError):
+            logger.warning("eval task %s: unusable finish_info %s", task.task_id, short_repr(finish_info))
+            return
         stats = self.stats
         stats.evals += 1
         stats.last_eval = reward
@@ -359,7 +382,7 @@ class Coordinator:
             stats.evals,
             reward,
             stats.env_steps,
-            int(finish_info.get("train_iter", 0)),
+            train_iter,
         )
         if reward >= self.run_cfg.env.stop_value:
             self.success = True
@@ -539,3 +562,12 @@ class Coordinator:
         self.run_log.close()
         self.client.close()
         self.link.close()
+
+
+def _check_item(message: dict[str, Any]) -> None:
+    """What the coordinator relies on in a metadata item; raises TaskError otherwise."""
+    check_metadata(message)
+    for key in ("unroll_len", "policy_iter", "cur_step", "cur_episode", "cur_sample"):
+        checked_count(message, key)
+    if "data_id" in message and not isinstance(message["data_id"], str):
+        raise TaskError(f"data_id must be a string, got {short_repr(message['data_id'])}")

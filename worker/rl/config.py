@@ -19,7 +19,7 @@ from typing import Any, Final, Literal, cast
 
 import numpy as np
 
-from worker.errors import TaskError
+from worker.errors import TaskError, short_repr
 
 PolicyType = Literal["dqn", "random"]
 
@@ -38,9 +38,7 @@ _MAX_SEED: Final = 2**32 - 1
 
 
 def _show(value: Any) -> str:
-    # Untrusted values can be huge; keep error messages short.
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_repr(value)
 
 
 def _is_int(value: Any) -> bool:
@@ -127,7 +125,7 @@ class PolicySpec:
     """Q-network hidden layer widths; must match the learner's."""
 
     def __post_init__(self) -> None:
-        if self.type not in POLICY_TYPES:
+        if not isinstance(self.type, str) or self.type not in POLICY_TYPES:
             raise TaskError(f"collector_cfg.policy.type must be one of {list(POLICY_TYPES)}, got {_show(self.type)}")
         sizes = _check_sizes(self.hidden_sizes, "collector_cfg.policy.hidden_sizes")
         object.__setattr__(self, "hidden_sizes", sizes)
@@ -269,17 +267,23 @@ class LearnerSpec:
 
     The exploration schedule (``eps_*``) and the replay ratio are read by whoever
     schedules collect tasks (the coordinator); the rest by the learner.
+
+    Tuned with ``scripts/dev_train_inprocess.py`` (greedy eval >= 195 after 3-9k env
+    steps and ~600-2000 train steps on 10 of 10 seeds). Faster settings exist (lr 1e-3,
+    batch 64, replay ratio 0.5 solve in ~2-3k steps) but their policies collapse again
+    in most later evals; with these, 80-100% of later evals stay above 195, which
+    matters when evals only run every few seconds.
     """
 
-    batch_size: int = 64
-    lr: float = 1e-3
+    batch_size: int = 128
+    lr: float = 2.5e-4
     """Adam learning rate."""
     discount: float = 0.99
     replay_capacity: int = 50_000
     """Transitions kept in the replay ring buffer."""
-    learning_starts: int = 1_000
+    learning_starts: int = 500
     """No train step before the replay buffer holds this many transitions."""
-    target_update_interval: int = 100
+    target_update_interval: int = 250
     """Train steps between target network updates."""
     tau: float = 1.0
     """Target update weight: 1.0 copies the online net, smaller values do Polyak averaging."""
@@ -288,11 +292,11 @@ class LearnerSpec:
     """Pick the bootstrap action with the online net, evaluate it with the target net."""
     max_grad_norm: float = 10.0
     """Global gradient-norm clip, against the occasional huge TD error."""
-    train_steps_per_sample: float = 0.5
+    train_steps_per_sample: float = 0.25
     """Replay ratio: train steps to run per collected transition."""
     eps_start: float = 1.0
     eps_end: float = 0.05
-    eps_decay_steps: int = 10_000
+    eps_decay_steps: int = 5_000
     """Env steps over which epsilon decays linearly from ``eps_start`` to ``eps_end``."""
 
     def __post_init__(self) -> None:

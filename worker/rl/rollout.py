@@ -157,6 +157,7 @@ class Rollout:
         self._returns: list[float] = []
         self._step_count = self._sample_count = self._episode_count = 0
         self._policy_iter = 0
+        self._policy_error: str | None = None
         self._collector_done = False
         self._started_at: float | None = None
         self._ended_at: float | None = None
@@ -251,6 +252,7 @@ class Rollout:
             except StorageError as exc:
                 # Most likely caught the learner mid-write; the next read will do.
                 logger.warning("policy read failed, will retry: %s", exc.message)
+                self._policy_error = exc.message
                 return None
 
     def _wait_first_policy(self) -> PolicySnapshot | None:
@@ -258,8 +260,9 @@ class Rollout:
         while (snapshot := self._read_policy()) is None:
             remaining = deadline - self._clock()
             if remaining <= 0:
+                found = f": {self._policy_error}" if self._policy_error else ""
                 raise PolicyUnavailable(
-                    f"no policy file at {self._spec.policy_update_path} after {self._policy_wait_s:g} s"
+                    f"no usable policy file at {self._spec.policy_update_path} after {self._policy_wait_s:g} s{found}"
                 )
             if self._stop.wait(min(POLICY_POLL_S, remaining)):
                 return None

@@ -98,7 +98,16 @@ class PolicyStore:
             UnsafePath: ``name`` is not a plain file name, ends with ``.lock``, or
                 would leave the root.
         """
-        resolved = resolve_under(self._root, name)
+        return self.check_name(self._root, name)
+
+    @staticmethod
+    def check_name(root: Path, name: str) -> Path:
+        """Validate policy ``name`` under ``root`` without a store; see :meth:`path`.
+
+        Raises:
+            UnsafePath: as :meth:`path`.
+        """
+        resolved = resolve_under(root, name)
         check_name(name, what="policy name")
         if name.endswith(LOCK_SUFFIX):
             raise UnsafePath(f"invalid policy name {name!r}: the {LOCK_SUFFIX!r} suffix is reserved")
@@ -312,4 +321,6 @@ def _policy_problem(document: Any) -> str | None:
             return f"'model' maps {key!r} to {type(value).__name__}, not str -> Tensor"
     if type(iteration) is not int:
         return f"'iter' is {type(iteration).__name__}, not an int"
+    if not 0 <= iteration < 2**63:
+        return f"'iter' is {iteration}, outside 0..2**63-1"
     return None
