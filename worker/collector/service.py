@@ -19,7 +19,6 @@ import threading
 import time
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from messaging import DecodeError, Names, Reply, Request, RpcServer, decode
@@ -28,7 +27,7 @@ from worker.collector.protocol import StartTask
 from worker.collector.run import CollectorRun
 from worker.config import CollectorConfig
 from worker.errors import TaskError, WarrenError
-from worker.rl.envs import EnvBatch
+from worker.rl.envs import EnvBatch, make_env
 from worker.storage import PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
@@ -200,9 +199,9 @@ class CollectorWorker:
     def _envs_for(self, start: StartTask) -> EnvBatch | None:
         spec = start.spec
         if spec.eval_flag:
-            # Eval tasks measure fresh episodes on their own envs; check the id now all the same.
-            if spec.env.id not in gym.registry:
-                raise TaskError(f"unknown env id {spec.env.id!r}: not in the gymnasium registry")
+            # Eval tasks measure fresh episodes on their own envs; check the env now all the same
+            # (known id, flat Box observations, Discrete actions), so a bad one is refused at start.
+            make_env(spec.env.id).close()
             return None
         envs = self._envs
         if envs is not None and (envs.env_id != spec.env.id or len(envs) != spec.env.env_num):
