@@ -344,6 +344,23 @@ class BrokerLink:
         result: int | None = self._with_recovery(run)
         return result
 
+    def queue_consumers(self, queue: str) -> int | None:
+        """Consumers attached to ``queue``, or ``None`` if it does not exist."""
+
+        def run() -> int | None:
+            channel = self._ensure().channel()
+            try:
+                with translated(f"inspecting queue {queue}"):
+                    frame = channel.queue_declare(queue, passive=True)
+            except QueueNotFound:
+                return None
+            with translated("closing a channel"):
+                channel.close()
+            return int(frame.method.consumer_count)
+
+        result: int | None = self._with_recovery(run)
+        return result
+
     def queue_exists(self, queue: str) -> bool:
         """Whether ``queue`` exists, including another connection's exclusive queue."""
         try:

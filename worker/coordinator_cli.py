@@ -25,7 +25,11 @@ def add_parser(commands: Any) -> None:
     )
     add_transport_flags(parser)
     add_job_flags(parser)
-    parser.add_argument("--collect-tasks", type=int, help="collect tasks at once (coordinator.collect_tasks; 2)")
+    parser.add_argument(
+        "--collect-tasks",
+        type=int,
+        help="collect tasks at once (coordinator.collect_tasks); 0, the default: one per collector worker",
+    )
     parser.add_argument("--run-log", type=Path, help="JSON-lines log of tasks and evals (for warren plot)")
     parser.add_argument(
         "--progress",

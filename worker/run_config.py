@@ -56,8 +56,9 @@ class CollectorSection:
 
 @dataclass(frozen=True)
 class CoordinatorSection:
-    collect_tasks: int = 2
-    """Collect tasks kept running at once; set it to the number of collector workers."""
+    collect_tasks: int = 0
+    """Collect tasks kept running at once; 0 (auto): one per collector worker listening, so
+    adding workers (``--scale collector=N``) needs no other change."""
     eval_interval_s: float = 8.0
     """Seconds between eval tasks."""
     max_env_steps: int = 400_000

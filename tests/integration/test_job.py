@@ -163,3 +163,36 @@ def test_ctrl_c_stops_the_whole_job_and_leaves_no_process(settings: Settings, tm
     assert run.returncode == 3 and summary["reason"] == "stopped by signal"
     assert all(code == 0 for code in summary["children_exit_codes"].values()), summary["children_exit_codes"]
     assert not any(_alive(pid) for pid in summary["children_pids"].values())
+
+
+def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path: Path, link: Any) -> None:
+    # Given the default job (collect_tasks = 0: one per worker) and three collectors
+    job = tmp_path / "job.toml"
+    job.write_text("[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 4000\n[learner]\nlearning_starts = 100\n")
+    volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
+    names = Names(settings.prefix)
+    procs: list[Proc] = []
+    try:
+        procs.append(Proc(["learner", "--config", str(job)], env=role_env(settings, **volume), log=tmp_path / "l.log"))
+        for i in range(3):
+            env = role_env(settings, **volume)
+            procs.append(Proc(["collector", "--worker-id", f"w{i}"], env=env, log=tmp_path / f"w{i}.log"))
+            wait_for_queue(link, names.collector_control(f"w{i}"))
+        # When the coordinator runs without being told how many workers there are
+        coordinator = Proc(
+            ["coordinator", "--config", str(job), "--run-log", str(tmp_path / "run.jsonl"), "--stop-value", "1e9"],
+            env=role_env(settings),
+            log=tmp_path / "coordinator.log",
+        )
+        procs.append(coordinator)
+        assert coordinator.wait(120) == 3, coordinator.log()[-2000:]
+    finally:
+        for proc in procs:
+            proc.kill()
+    # Then all three workers collected at the same time
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    concurrent = max(len(r["running"]) for r in records if r["kind"] == "checkpoint")
+    assert concurrent == 3
+    assert {r["worker_id"] for r in records if r["kind"] == "task"} == {"w0", "w1", "w2"}
+    assert "one per collector worker" in coordinator.log()

@@ -108,6 +108,7 @@ class Coordinator:
         self._seq = 0
         self._next_eval = time.monotonic() + self.run_cfg.coordinator.eval_interval_s
         self._next_liveness = time.monotonic() + LIVENESS_CHECK_S
+        self._idle_workers = 0
 
     # -- the run --------------------------------------------------------------------
 
@@ -116,13 +117,15 @@ class Coordinator:
         self.link.open()
         self.link.declare(self.names.collector_tasks_decl())
         self.link.declare(self.names.learner_data_decl(self.run_cfg.coordinator.buffer_id))
+        self._idle_workers = self.link.queue_consumers(self.names.collector_tasks) or 0
         checkpoint = last_checkpoint(self.config.run_log)
         if checkpoint is not None:
             self._resume(checkpoint)
+        tasks = self.run_cfg.coordinator.collect_tasks
         logger.info(
-            "coordinating %s: %d collect tasks at a time, stop value %s",
+            "coordinating %s: %s collect tasks at a time, stop value %s",
             self.run_cfg.env.id,
-            self.run_cfg.coordinator.collect_tasks,
+            tasks or "one per collector worker",
             self.run_cfg.env.stop_value,
         )
         try:
@@ -191,13 +194,27 @@ class Coordinator:
     def _fill(self) -> None:
         cfg = self.run_cfg
         collecting = sum(1 for t in self.tasks.values() if t.kind == "collect")
-        for _ in range(cfg.coordinator.collect_tasks - collecting):
+        for _ in range(self._collect_target(collecting) - collecting):
             eps = cfg.learner.epsilon(self.stats.env_steps)
             self._launch("collect", cfg.collect_cfg(eps))
         now = time.monotonic()
         if now >= self._next_eval and not any(t.kind == "eval" for t in self.tasks.values()):
             self._launch("eval", cfg.eval_cfg())
             self._next_eval = now + cfg.coordinator.eval_interval_s
+
+    def _collect_target(self, collecting: int) -> int:
+        """How many collect tasks should run: the configured number, or (auto) one per worker.
+
+        In auto mode the idle workers are the consumers of the shared task queue (a busy
+        worker pauses its consumer), counted at every liveness check.
+        """
+        fixed = self.run_cfg.coordinator.collect_tasks
+        if fixed > 0:
+            return fixed
+        starting = sum(1 for t in self.tasks.values() if t.state is State.STARTING)
+        spare = max(0, self._idle_workers - starting)
+        self._idle_workers -= min(self._idle_workers, spare)  # claimed until the next count
+        return max(1, collecting + spare)
 
     def _launch(self, kind: str, collector_cfg: dict[str, Any]) -> None:
         self._seq += 1
@@ -391,6 +408,7 @@ class Coordinator:
     # -- failures -------------------------------------------------------------------
 
     def _check_liveness(self) -> None:
+        self._idle_workers = self.link.queue_consumers(self.names.collector_tasks) or 0
         silence = self.run_cfg.coordinator.task_silence_s
         now = time.monotonic()
         for task in list(self.tasks.values()):
