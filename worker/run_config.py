@@ -59,7 +59,7 @@ class CoordinatorSection:
     collect_tasks: int = 0
     """Collect tasks kept running at once; 0 (auto): one per collector worker listening, so
     adding workers (``--scale collector=N``) needs no other change."""
-    eval_interval_s: float = 8.0
+    eval_interval_s: float = 5.0
     """Seconds between eval tasks."""
     max_env_steps: int = 400_000
     """Stop the run (unsuccessfully) after this many collected env steps."""
