@@ -113,6 +113,12 @@ class Subscription:
                 self._link.resubscribe(self)
         return self._buffer.popleft()
 
+    def take_buffered(self) -> list[Delivery]:
+        """The deliveries already received, without touching the connection."""
+        taken = list(self._buffer)
+        self._buffer.clear()
+        return taken
+
     def __iter__(self) -> Iterator[Delivery]:
         while not self.closed:
             delivery = self.get(1.0)

@@ -236,7 +236,9 @@ class RpcServer:
     def _dispatch(self) -> None:
         for consumer in list(self._consumers.values()):
             sub = consumer.subscription
-            while sub is not None and (delivery := sub.get(0.0)) is not None:
+            # Only what process_events already received: polling again here could run a
+            # wake-up meant for the next loop turn and leave an op waiting a whole turn.
+            for delivery in sub.take_buffered() if sub is not None else []:
                 with self._in_flight_lock:
                     self._in_flight += 1
                 self._jobs.put(_Job(delivery, consumer.handler))
