@@ -1,0 +1,223 @@
+"""Collector overhead: env steps/s of one rollout with comm on, against the same loop with comm off.
+
+warren: :class:`worker.rl.rollout.Rollout` with :class:`worker.collector.sink.BrokerSink`
+(an atomic step file per chunk, then a confirmed persistent metadata message; an info
+message after each step in which an episode ended), the task's metadata queue read by
+the :mod:`benchmarks.drain` child. Baseline: the same Rollout, envs and policy with a
+sink that drops everything. Both: CartPole-v1, 4 envs, the default DQN network
+(128x128) on one torch thread, chunks of up to 32 transitions per env.
+
+Two policies, because the message rate follows the episode length:
+
+* ``eps 1.0``: random actions through the DQN forward pass (start of training):
+  ~22-step episodes, so files are short and an info goes out almost every step;
+* ``balancing``: a Q-network whose weights encode a stabilising linear controller
+  (like a trained agent) with eps 0.05: long episodes, full 32-sample chunks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks import procs
+from benchmarks.common import CaseContext, CaseResult, Trials, alternate
+from benchmarks.stats import Row
+from messaging import BrokerLink, MetadataPublisher, Names, Settings
+from worker.collector.sink import BrokerSink
+from worker.rl.config import DEFAULT_HIDDEN_SIZES, CollectorSpec, EnvSpec, PolicySpec
+from worker.rl.envs import EnvBatch
+from worker.rl.policy import QNetwork
+from worker.rl.rollout import PolicySnapshot, Rollout
+from worker.storage import StepStore
+
+NAME = "collector"
+TITLE = "collector overhead"
+ENV_ID = "CartPole-v1"
+ENV_NUM = 4
+#: Push right when the pole leans or falls right: keeps CartPole-v1 up for hundreds of steps.
+CONTROLLER = (0.0, 0.0, 1.0, 0.5)
+
+
+def random_weights() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return QNetwork(4, 2, DEFAULT_HIDDEN_SIZES).state_dict()
+
+
+def controller_weights() -> dict[str, torch.Tensor]:
+    """Q(s, right) - Q(s, left) = CONTROLLER . s, carried through the ReLUs as relu(x) - relu(-x)."""
+    net = QNetwork(4, 2, DEFAULT_HIDDEN_SIZES)
+    linears = [m for m in net.net if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for layer in linears:
+            layer.weight.zero_()
+            layer.bias.zero_()
+        v = torch.tensor(CONTROLLER)
+        linears[0].weight[0] = v
+        linears[0].weight[1] = -v
+        for layer in linears[1:-1]:
+            layer.weight[0, 0] = 1.0
+            layer.weight[1, 1] = 1.0
+        linears[-1].weight[1, 0] = 1.0
+        linears[-1].weight[1, 1] = -1.0
+    return net.state_dict()
+
+
+class FixedPolicy:
+    """A :class:`worker.rl.rollout.PolicySource` that always has the same weights."""
+
+    def __init__(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.snapshot = PolicySnapshot(dict(state_dict), 0)
+
+    def read(self) -> PolicySnapshot | None:
+        return self.snapshot
+
+
+class NullSink:
+    """Drops every chunk and info: the rollout without any communication."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+
+    def add_samples(self, env_id: int, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
+        self.chunks += 1
+
+    def add_info(self, info: dict[str, Any]) -> None:
+        pass
+
+
+class _Collector:
+    """One policy setting: the comm-on and comm-off variants over the same env batch."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        reader: procs.Child,
+        data: Path,
+        *,
+        eps: float,
+        weights: dict[str, Any],
+    ) -> None:
+        self.settings, self.reader, self.data = settings, reader, data
+        self.names = Names(settings.prefix)
+        self.link = BrokerLink(settings, "bench-collector").open()
+        self.source = FixedPolicy(weights)
+        self.envs = EnvBatch(ENV_ID, ENV_NUM, seed=0)
+        self.eps = eps
+        self.seq = 0
+        self.messages: list[int] = []
+
+    def close(self) -> None:
+        self.envs.close()
+        self.link.close()
+
+    def spec(self, steps: int) -> CollectorSpec:
+        return CollectorSpec(
+            env=EnvSpec(ENV_ID, ENV_NUM, seed=0),
+            policy=PolicySpec("dqn"),
+            n_sample=steps,
+            eps=self.eps,
+            policy_update_path="bench",
+            update_policy_second=1.0,
+        )
+
+    def _rollout(self, steps: int, sink: Any) -> tuple[Rollout, float]:
+        rollout = Rollout(self.spec(steps), sink, self.source, stop=threading.Event(), envs=self.envs)
+        started = time.monotonic()
+        rollout.run()
+        return rollout, started
+
+    def null(self, steps: int) -> dict[str, float]:
+        rollout, started = self._rollout(steps, NullSink())
+        seconds = time.monotonic() - started
+        return {"steps_s": rollout.finish_info()["step_count"] / seconds}
+
+    def comm(self, steps: int) -> dict[str, float]:
+        self.seq += 1
+        task_id = f"collector{self.seq}"
+        decl = self.names.metadata_decl(
+            task_id,
+            max_length=self.settings.metadata_queue_length,
+            expires_s=self.settings.metadata_queue_expires_s,
+        )
+        publisher = MetadataPublisher(self.link, decl)
+        self.reader.send({"mode": "warren", "queue": decl.name, "count": None, "prefetch": 64})
+        procs.wait_ready(self.reader)
+        # A fresh directory per repeat, deleted only with the case: creating files right
+        # after many were deleted nearby is 10x slower on this VM's no-journal ext4.
+        sink = BrokerSink(StepStore(self.data / task_id), publisher, task_id=task_id, buffer_id="bench")
+        rollout, started = self._rollout(steps, sink)
+        seconds = time.monotonic() - started
+        answer = self.reader.receive(60)
+        self.link.delete_queue(decl.name)
+        if not answer.get("done"):
+            raise RuntimeError(f"the reader did not see the end of {decl.name}: {answer}")
+        self.messages.append(int(answer["count"]))
+        info = rollout.finish_info()
+        return {
+            "steps_s": info["step_count"] / seconds,
+            "messages_per_step": answer["count"] / max(1, info["step_count"]),
+            "files": float(sink.files_written),
+            "full_waits": float(publisher.full_waits),
+        }
+
+
+def run(ctx: CaseContext) -> CaseResult:
+    steps = 2000 if ctx.quick else 5000
+    settings = ctx.broker.settings(ctx.broker.sub_prefix("collector"))
+    settings_by_label = {"eps 1.0": (1.0, random_weights()), "balancing": (0.05, controller_weights())}
+    rows: list[Row] = []
+    trials_by_label: dict[str, Trials] = {}
+    with ctx.scratch("collector") as workdir:
+        reader = procs.Child(
+            procs.python_module("benchmarks.drain", "--url", ctx.broker.amqp_url, "--prefix", settings.prefix),
+            env={},
+            log=workdir / "drain.log",
+            talk=True,
+        )
+        try:
+            for label, (eps, weights) in settings_by_label.items():
+                collector = _Collector(settings, reader, workdir / label.replace(" ", ""), eps=eps, weights=weights)
+                try:
+                    collector.null(500)  # untimed: torch and the envs warm up
+                    ctx.log(f"policy {label}: {steps} env steps per repeat, {ENV_NUM} envs")
+                    trials = alternate(
+                        ctx.repeats,
+                        {"comm": partial(collector.comm, steps), "null": partial(collector.null, steps)},
+                        log=ctx.log,
+                    )
+                finally:
+                    collector.close()
+                trials_by_label[label] = trials
+                rows.append(_row(label, trials))
+        finally:
+            procs.stop_all([reader])
+    details = {
+        "trials": {label: t.to_dict() for label, t in trials_by_label.items()},
+        "max_foreign_cpu": max(t.max_foreign_cpu() for t in trials_by_label.values()),
+        "env_steps_per_repeat": steps,
+        "env_num": ENV_NUM,
+    }
+    return CaseResult(rows, details)
+
+
+def _row(label: str, trials: Trials) -> Row:
+    per_step = trials.series("comm", "messages_per_step").median
+    return Row(
+        TITLE,
+        f"{ENV_NUM} envs, {label}",
+        "env steps/s",
+        "higher",
+        trials.series("comm", "steps_s"),
+        trials.series("null", "steps_s"),
+        "same loop, null sink",
+        f"target: comm < 10% ({per_step:.2f} msgs/step)",
+        notes={"messages_per_step": per_step},
+    )

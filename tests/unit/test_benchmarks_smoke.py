@@ -1,0 +1,94 @@
+"""The benchmark suite imports, and its statistics and table behave (no broker, no timing)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks import runner
+from benchmarks.case_collector import controller_weights
+from benchmarks.case_stream import TARGET_BYTES, metadata_message
+from benchmarks.common import alternate
+from benchmarks.stats import Row, Series, fmt_number, format_table, largest_gap, percentile
+from messaging import codec
+
+
+def test_every_case_is_registered_with_a_name_and_title() -> None:
+    assert list(runner.CASES) == ["steps", "rpc", "stream", "collector", "scaling", "e2e"]
+    for name, module in runner.CASES.items():
+        assert name == module.NAME
+        assert module.TITLE
+
+
+def test_case_selection_refuses_unknown_names() -> None:
+    assert runner.select_cases("rpc, steps") == ["rpc", "steps"]
+    assert runner.select_cases(None) == list(runner.CASES)
+    with pytest.raises(SystemExit, match="unknown cases"):
+        runner.select_cases("rpc,nope")
+
+
+def test_series_summarises_median_spread_and_quartiles() -> None:
+    series = Series.of([3, 1, 2, 10])
+    assert series.median == 2.5
+    assert (series.low, series.high) == (1.0, 10.0)
+    q1, q3 = series.quartiles()
+    assert q1 <= series.median <= q3
+    assert math.isnan(Series.of([]).median)
+
+
+def test_ratio_and_slowdown_follow_the_direction_of_the_metric() -> None:
+    rate = Row("c", "rate", "calls/s", "higher", Series.of([50.0]), Series.of([100.0]))
+    latency = Row("c", "p50", "ms", "lower", Series.of([2.0]), Series.of([0.5]))
+    assert rate.ratio == 0.5 and rate.slowdown == 2.0
+    assert latency.ratio == 4.0 and latency.slowdown == 4.0
+    assert largest_gap([rate, latency]) is latency
+    assert Row("c", "alone", "s", "lower", Series.of([1.0])).ratio is None
+
+
+def test_table_has_one_line_per_row_and_aligned_columns() -> None:
+    rows = [
+        Row("task round trip", "1 client p50", "ms", "lower", Series.of([1.5, 1.6]), Series.of([0.4, 0.5]), "raw"),
+        Row("end to end", "time", "s", "lower", Series.of([20.0])),
+    ]
+    lines = format_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert len({len(line) for line in lines}) == 1
+    assert "1.55 (1.50-1.60)" in lines[2] and "3.44x" in lines[2]
+
+
+def test_number_formatting_keeps_three_significant_figures() -> None:
+    assert fmt_number(0.4312) == "0.431"
+    assert fmt_number(12.34) == "12.3"
+    assert fmt_number(2270.4) == "2,270"
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert math.isnan(percentile([], 99))
+
+
+def test_alternate_rotates_the_order_of_variants() -> None:
+    order: list[str] = []
+
+    def variant(name: str):
+        def measure() -> dict[str, float]:
+            order.append(name)
+            return {"x": 1.0}
+
+        return measure
+
+    trials = alternate(3, {"a": variant("a"), "b": variant("b")})
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert trials.series("a", "x").n == 3
+    assert set(trials.cpu["a"][0]) >= {"ours", "broker", "foreign", "machine_busy"}
+
+
+def test_stream_messages_are_metadata_sized() -> None:
+    assert abs(len(codec.encode(metadata_message(7))) - TARGET_BYTES) <= 4
+
+
+def test_controller_weights_fit_the_default_q_network() -> None:
+    weights = controller_weights()
+    assert all(not t.requires_grad for t in weights.values())
+    assert "net.0.weight" in weights
