@@ -228,7 +228,10 @@ def read_regular_file(path: Path, *, max_bytes: int) -> tuple[bytes, FileStamp] 
         if info.st_size > max_bytes:
             raise CorruptFile(f"{str(path)!r} is {info.st_size} bytes, over the limit of {max_bytes}")
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(max_bytes + 1)
+            # Size the read to the file: a hint of max_bytes would allocate that much per read.
+            data = handle.read(min(info.st_size, max_bytes) + 1)
+            if len(data) > info.st_size:  # it grew since fstat: read on, up to the limit
+                data += handle.read(max_bytes + 1 - len(data))
     except OSError as exc:
         raise StorageError(f"cannot read {str(path)!r}: {exc}") from exc
     finally:

@@ -9,6 +9,7 @@ a little for a missing file but never retries a present, broken one. Files are m
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ from worker.storage.paths import (
     atomic_write,
     check_data_id,
     read_regular_file,
-    resolve_under,
     sweep_temp_files,
 )
 
@@ -73,6 +73,7 @@ class StepStore:
             self._root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot create step data directory {str(self._root)!r}: {exc}") from exc
+        self._real_root = Path(os.path.realpath(self._root))
 
     @property
     def root(self) -> Path:
@@ -85,7 +86,12 @@ class StepStore:
         Raises:
             UnsafePath: ``data_id`` is not a plain name or would leave the root.
         """
-        return resolve_under(self._root, check_data_id(data_id))
+        name = check_data_id(data_id)
+        # A data_id is one plain name (no separator, no ".."), so it cannot leave the real
+        # root; a symlink planted under the name is refused when opened (O_NOFOLLOW) and
+        # replaced, not followed, when written. Resolving the root once saves two
+        # realpath() calls per file, half the cost of reading a small one.
+        return self._real_root / name
 
     def write(self, data_id: str, samples: Mapping[str, NDArray[Any]], meta: Mapping[str, Any] | None = None) -> Path:
         """Atomically write one chunk of samples; publish its ``data_id`` only after this returns.
