@@ -335,36 +335,29 @@ class BrokerLink:
 
     def queue_depth(self, queue: str) -> int | None:
         """Ready messages in ``queue``, or ``None`` if it does not exist."""
-
-        def run() -> int | None:
-            channel = self._ensure().channel()
-            try:
-                with translated(f"inspecting queue {queue}"):
-                    frame = channel.queue_declare(queue, passive=True)
-            except QueueNotFound:
-                return None
-            with translated("closing a channel"):
-                channel.close()
-            return int(frame.method.message_count)
-
-        result: int | None = self._with_recovery(run)
-        return result
+        counts = self._queue_counts(queue)
+        return None if counts is None else counts[0]
 
     def queue_consumers(self, queue: str) -> int | None:
         """Consumers attached to ``queue``, or ``None`` if it does not exist."""
+        counts = self._queue_counts(queue)
+        return None if counts is None else counts[1]
 
-        def run() -> int | None:
+    def _queue_counts(self, queue: str) -> tuple[int, int] | None:
+        """(ready messages, consumers) of ``queue`` by a passive declare, or ``None``."""
+
+        def run() -> tuple[int, int] | None:
             channel = self._ensure().channel()
             try:
                 with translated(f"inspecting queue {queue}"):
                     frame = channel.queue_declare(queue, passive=True)
             except QueueNotFound:
-                return None
+                return None  # the broker closed that channel with the 404
             with translated("closing a channel"):
                 channel.close()
-            return int(frame.method.consumer_count)
+            return int(frame.method.message_count), int(frame.method.consumer_count)
 
-        result: int | None = self._with_recovery(run)
+        result: tuple[int, int] | None = self._with_recovery(run)
         return result
 
     def queue_exists(self, queue: str) -> bool:
