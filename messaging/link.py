@@ -218,6 +218,7 @@ class BrokerLink:
         self._subscriptions: list[Subscription] = []
         self._generation = 0
         self._closed = False
+        self._one_shot: Subscription | None = None
         self.reconnects = 0
 
     # -- lifecycle ----------------------------------------------------------------
@@ -243,6 +244,12 @@ class BrokerLink:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def open_channels(self) -> int:
+        """Channels this link holds open on its connection (0 when disconnected)."""
+        conn = self._conn
+        return len(conn._impl._channels) if conn is not None and conn.is_open else 0
 
     @property
     def is_open(self) -> bool:
@@ -478,20 +485,23 @@ class BrokerLink:
     def get_one(self, queue: str, timeout_s: float) -> Delivery | None:
         """Wait up to ``timeout_s`` for one message of an existing queue.
 
-        The consumer is cancelled afterwards; the returned delivery stays unacked until
-        settled, so it is redelivered if this thread dies first.
+        The consumer is paused afterwards; the returned delivery stays unacked until
+        settled, so it is redelivered if this thread dies first. One paused consumer (and
+        its channel) is kept for the last queue asked for and reused by the next call, so
+        repeated calls do not open a channel each.
         """
-        sub = self.subscribe(QueueDecl(queue), prefetch=1, declare=False)
+        sub = self._one_shot
+        if sub is None or sub.queue != queue or sub.closed or sub._channel is None or not sub._channel.is_open:
+            if sub is not None:
+                sub.close()  # an earlier queue's consumer: its deliveries were settled by now
+            self._one_shot = None
+            sub = self.subscribe(QueueDecl(queue), prefetch=1, declare=False)
+            self._one_shot = sub
         try:
+            sub.resume()
             return sub.get(timeout_s)
         finally:
-            if self._subscriptions.count(sub):
-                self._subscriptions.remove(sub)
-            channel, tag = sub._channel, sub._tag
-            if channel is not None and channel.is_open and tag is not None:
-                with translated(f"cancelling the consumer on {queue}"):
-                    channel.basic_cancel(tag)
-            sub.closed = True
+            sub.pause()
 
     def process_events(self, time_limit_s: float = 0.0) -> None:
         """Run the connection's I/O loop for at most ``time_limit_s`` (heartbeats, deliveries)."""

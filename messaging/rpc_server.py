@@ -21,6 +21,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -220,11 +221,12 @@ class RpcServer:
                 break
             if job is not None:
                 job.delivery.nack(requeue=True)
-        waited = 0.0
-        while self._busy() and waited < self._stop_timeout_s:
+                with self._in_flight_lock:
+                    self._in_flight -= 1  # counted at dispatch; no handler will finish it
+        deadline = time.monotonic() + self._stop_timeout_s
+        while self._busy() and time.monotonic() < deadline:
             self._run_ops()
             link.process_events(0.2)
-            waited += 0.2
         self._run_ops()
         for consumer in self._consumers.values():
             self._unsubscribe(consumer)

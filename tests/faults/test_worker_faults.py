@@ -16,6 +16,7 @@ from tests import broker_admin
 from tests.fault_report import record, scaled
 from tests.faults.conftest import Cluster
 from tests.procs import Proc
+from tests.tasks import random_policy_cfg, start_task
 from worker.errors import StorageError
 from worker.storage import StepStore
 
@@ -111,18 +112,7 @@ def test_a_worker_whose_connections_are_cut_reconnects_and_carries_on(
 ) -> None:
     cluster.collector("c0")
     names = cluster.names
-    start = {
-        "name": "collector_start_task",
-        "task_info": {
-            "task_id": "cut-1",
-            "buffer_id": "main",
-            "collector_cfg": {
-                "env": {"id": "CartPole-v1", "env_num": 2},
-                "policy": {"type": "random"},
-                "n_sample": 3000,
-            },
-        },
-    }
+    start = start_task("cut-1", random_policy_cfg(2, n_sample=3000))
     with RpcClient(settings, "test-client") as client:
         started = client.call(names.collector_tasks, start)
         broker_admin.wait_until(
@@ -158,19 +148,7 @@ def test_a_worker_whose_connections_are_cut_reconnects_and_carries_on(
 def test_nobody_reading_holds_the_collector_back_and_drops_nothing(cluster: Cluster, settings: Settings) -> None:
     worker = cluster.collector("c0")
     n_sample = 3000
-    start = {
-        "name": "collector_start_task",
-        "task_info": {
-            "task_id": "slow-1",
-            "buffer_id": "main",
-            "collector_cfg": {
-                "env": {"id": "CartPole-v1", "env_num": 2},
-                "policy": {"type": "random"},
-                "n_sample": n_sample,
-                "traj_len": 8,
-            },
-        },
-    }
+    start = start_task("slow-1", random_policy_cfg(2, n_sample=n_sample, traj_len=8))
     with RpcClient(settings, "test-client") as client:
         started = client.call(cluster.names.collector_tasks, start)
         # When nobody reads for a while
@@ -219,19 +197,7 @@ def _rss_kb(pid: int) -> int:
 def test_a_task_many_heartbeats_long_keeps_its_connections(cluster: Cluster, settings: Settings) -> None:
     # Given 1 s heartbeats (the broker drops a silent peer after ~2 s)
     worker = cluster.collector("c0", WARREN_HEARTBEAT_S="1")
-    start = {
-        "name": "collector_start_task",
-        "task_info": {
-            "task_id": "long-1",
-            "buffer_id": "main",
-            "collector_cfg": {
-                "env": {"id": "CartPole-v1", "env_num": 1},
-                "policy": {"type": "random"},
-                "n_sample": 1_000_000,
-                "traj_len": 256,
-            },
-        },
-    }
+    start = start_task("long-1", random_policy_cfg(1, n_sample=1_000_000, traj_len=256))
     seconds = scaled(8, 30)
     with RpcClient(settings, "test-client") as client:
         started = client.call(cluster.names.collector_tasks, start)

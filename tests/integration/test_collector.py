@@ -15,6 +15,7 @@ import torch
 
 from messaging import BrokerLink, MetadataConsumer, Names, RemoteError, RpcClient, Settings
 from tests.procs import Proc, role_env, wait_for_queue
+from tests.tasks import drain_data_tasks, start_task
 from worker.rl.policy import QNetwork
 from worker.storage import PolicyStore, StepStore
 
@@ -30,10 +31,7 @@ def start_body(task_id: str, **cfg: Any) -> dict[str, Any]:
         "n_episode": 2,
         **cfg,
     }
-    return {
-        "name": "collector_start_task",
-        "task_info": {"task_id": task_id, "buffer_id": "buf0", "collector_cfg": collector_cfg},
-    }
+    return start_task(task_id, collector_cfg, buffer_id="buf0")
 
 
 @pytest.fixture
@@ -71,16 +69,6 @@ def start_worker(settings: Settings, volume: Path, link: BrokerLink) -> Iterator
 def client(settings: Settings) -> Iterator[RpcClient]:
     with RpcClient(settings, "test-coordinator") as rpc:
         yield rpc
-
-
-def drain_data_tasks(client: RpcClient, control: str, limit: int = 500) -> list[dict[str, Any]]:
-    items = []
-    for _ in range(limit):
-        item = client.call(control, {"name": "collector_data_task"})
-        items.append(item)
-        if "data_id" not in item and item["collector_done"]:
-            return items
-    raise AssertionError("the collector never reported collector_done")
 
 
 def write_policy(volume: Path, iteration: int, seed: int = 0) -> None:

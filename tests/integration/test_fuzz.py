@@ -65,6 +65,7 @@ from tests.fuzz_strategies import (
     valid_start,
 )
 from tests.procs import Proc, role_env
+from tests.tasks import drain_data_tasks
 from worker.storage import PolicyStore, StepStore
 
 pytestmark = pytest.mark.rabbitmq
@@ -422,16 +423,6 @@ def judge(s: Sent, totals: Totals, *, busy_ok: bool = False) -> None:
 # -- the valid task after each batch ---------------------------------------------------
 
 
-def drain_items(client: RpcClient, control: str, limit: int = 400) -> list[dict[str, Any]]:
-    items = []
-    for _ in range(limit):
-        item = client.call(control, {"name": "collector_data_task"})
-        items.append(item)
-        if "data_id" not in item and item["collector_done"]:
-            return items
-    raise AssertionError(f"no collector_done within {limit} items")
-
-
 def free_worker(client: RpcClient, names: Names) -> None:
     """Close a task a fuzz message managed to start (counted as a violation already)."""
     if client.call(names.collector_control(WORKER), {"name": "resource"}, timeout_s=10)["busy"]:
@@ -446,7 +437,7 @@ def valid_cycle(client: RpcClient, names: Names, tag: str, proc: Proc) -> None:
     assert client.call(names.collector_control(WORKER), {"name": "resource"})["worker_id"] == WORKER
     started = client.call(names.collector_tasks, valid_start(f"ok-{tag}"))
     assert started["message"] == "collector task has started" and started["worker_id"] == WORKER
-    items = drain_items(client, started["control_queue"])
+    items = drain_data_tasks(client, started["control_queue"], limit=400)
     assert "error" not in items[-1], items[-1]
     finish = client.call(started["control_queue"], {"name": "collector_close_task"})
     assert "error" not in finish and finish["real_episode_count"] == 1, finish
@@ -699,7 +690,7 @@ def test_hostile_policy_files_fail_their_task_clearly_and_run_no_code(
     # A good policy file still works: the failures above were the files' fault.
     torch_net = _good_policy_file(fz_volume / "policy", "pol-good")
     started = client.call(names.collector_tasks, dqn_start("fz-pol-good", torch_net))
-    assert "error" not in drain_items(client, started["control_queue"])[-1]
+    assert "error" not in drain_data_tasks(client, started["control_queue"], limit=400)[-1]
     finish = client.call(started["control_queue"], {"name": "collector_close_task"})
     assert "error" not in finish and finish["train_iter"] == 3
     log = worker.log()
@@ -730,7 +721,7 @@ def policy_case_problems(client: RpcClient, names: Names, case: PolicyFile, body
     found = []
     control = client.call(names.collector_tasks, body)["control_queue"]
     try:
-        last = drain_items(client, control)[-1]
+        last = drain_data_tasks(client, control, limit=400)[-1]
         if "error" not in last or last.get("collector_done") is not True:
             found.append(f"final info without error: {last}")
     except RemoteError as exc:

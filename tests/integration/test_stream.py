@@ -14,6 +14,7 @@ from messaging import (
     Names,
     Settings,
     StreamStopped,
+    decode,
 )
 from tests import broker_admin
 
@@ -132,3 +133,25 @@ def test_malformed_metadata_is_dead_lettered_not_returned(settings: Settings, li
     dead_letters = Names(settings.prefix).dead_letter_queue
     # Dead-lettering happens inside the broker after the nack: wait for it to land.
     broker_admin.wait_until(lambda: link.queue_depth(dead_letters) == 2, 5, "two dead letters")
+
+
+def test_get_one_reuses_one_channel_however_often_it_is_called(settings: Settings, link: BrokerLink) -> None:
+    # Given a few hundred messages
+    publisher = _publisher(link, settings, "one-by-one", length=5000)
+    count = 300
+    for i in range(count):
+        publisher.publish({"i": i})
+    # When a reader takes them one get_one at a time, acking each
+    seen = []
+    with BrokerLink(settings, "one-by-one-reader") as reader:
+        for _ in range(count):
+            delivery = reader.get_one(publisher.queue, 5.0)
+            assert delivery is not None
+            seen.append(decode(delivery.envelope.body)["i"])
+            delivery.ack()
+        # Then every one arrives, in order, through one channel (a channel per call would
+        # exhaust the connection's 2047 after a while)
+        assert reader.get_one(publisher.queue, 0.2) is None
+        assert reader.open_channels <= 2
+    assert seen == list(range(count))
+    assert link.queue_depth(publisher.queue) == 0

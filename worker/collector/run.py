@@ -64,7 +64,7 @@ class CollectorRun:
         steps: StepStore,
         policies: PolicyStore,
         policy_wait_s: float,
-        stall_timeout_s: float | None = None,
+        stall_timeout_s: float,
         envs: EnvBatch | None = None,
     ) -> None:
         self.start_task = start

@@ -197,6 +197,21 @@ def remove_quietly(path: Path) -> None:
         os.unlink(path)
 
 
+def unlink_if_present(path: Path, *, what: str) -> bool:
+    """Delete ``path``; False if it was already gone.
+
+    Raises:
+        StorageError: the file exists but could not be removed (``what`` names it).
+    """
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot delete {what} {str(path)!r}: {exc}") from exc
+    return True
+
+
 def read_regular_file(path: Path, *, max_bytes: int) -> tuple[bytes, FileStamp] | None:
     """Read a whole regular file of at most ``max_bytes``, or return None if it is missing.
 

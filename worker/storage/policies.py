@@ -33,6 +33,7 @@ from worker.storage.paths import (
     resolve_under,
     stat_stamp,
     sweep_temp_files,
+    unlink_if_present,
     write_temp,
 )
 
@@ -198,13 +199,7 @@ class PolicyStore:
         """
         path = self.path(name)
         with self._locked(path):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                return False
-            except OSError as exc:
-                raise StorageError(f"cannot delete policy file {str(path)!r}: {exc}") from exc
-        return True
+            return unlink_if_present(path, what="policy file")
 
     def sweep_temp(self, older_than_s: float) -> int:
         """Remove temp files that crashed learners left behind, if older than ``older_than_s``.

@@ -27,6 +27,7 @@ from worker.storage.paths import (
     check_data_id,
     read_regular_file,
     sweep_temp_files,
+    unlink_if_present,
 )
 
 #: ``kind`` header of a step data file.
@@ -159,14 +160,7 @@ class StepStore:
             UnsafePath: ``data_id`` is not a plain name or would leave the root.
             StorageError: the file exists but could not be removed.
         """
-        path = self.path(data_id)
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise StorageError(f"cannot delete step file {str(path)!r}: {exc}") from exc
-        return True
+        return unlink_if_present(self.path(data_id), what="step file")
 
     def sweep_temp(self, older_than_s: float) -> int:
         """Remove temp files that crashed writers left behind, if older than ``older_than_s``.
