@@ -32,11 +32,11 @@ from benchmarks.common import CaseContext, CaseResult, Trials, alternate
 from benchmarks.stats import Row
 from messaging import BrokerLink, MetadataPublisher, Names, Settings
 from worker.collector.sink import BrokerSink
-from worker.rl.config import DEFAULT_HIDDEN_SIZES, CollectorSpec, EnvSpec, PolicySpec
+from worker.protocol import DEFAULT_HIDDEN_SIZES, CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.envs import EnvBatch
 from worker.rl.policy import QNetwork
-from worker.rl.rollout import PolicySnapshot, Rollout
-from worker.storage import StepStore
+from worker.rl.rollout import Rollout
+from worker.storage import PolicySnapshot, StepStore
 
 NAME = "collector"
 TITLE = "collector overhead"
@@ -137,7 +137,7 @@ class _Collector:
     def null(self, steps: int) -> dict[str, float]:
         rollout, started = self._rollout(steps, NullSink())
         seconds = time.monotonic() - started
-        return {"steps_s": rollout.finish_info()["step_count"] / seconds}
+        return {"steps_s": rollout.finish_info().step_count / seconds}
 
     def comm(self, steps: int) -> dict[str, float]:
         self.seq += 1
@@ -162,8 +162,8 @@ class _Collector:
         self.messages.append(int(answer["count"]))
         info = rollout.finish_info()
         return {
-            "steps_s": info["step_count"] / seconds,
-            "messages_per_step": answer["count"] / max(1, info["step_count"]),
+            "steps_s": info.step_count / seconds,
+            "messages_per_step": answer["count"] / max(1, info.step_count),
             "files": float(sink.files_written),
             "full_waits": float(publisher.full_waits),
         }

@@ -22,7 +22,7 @@ from benchmarks.case_collector import random_weights
 from benchmarks.common import CaseContext, CaseResult, Trials, alternate
 from benchmarks.stats import Row
 from messaging import BrokerLink, MetadataConsumer, Names, RpcClient, Settings
-from worker.rl.config import DEFAULT_HIDDEN_SIZES
+from worker.protocol import DEFAULT_HIDDEN_SIZES
 from worker.storage import PolicyStore, StepStore
 
 NAME = "scaling"

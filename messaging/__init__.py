@@ -33,13 +33,14 @@ from messaging.errors import (
 )
 
 # Links, RPC and the metadata stream
-from messaging.link import BrokerLink, Delivery, Envelope, Subscription
+from messaging.link import BrokerLink
 from messaging.rpc_client import RpcClient
 from messaging.rpc_server import Reply, Request, RpcServer
 
 # Settings and names
 from messaging.settings import Settings, redact_url
 from messaging.stream import MetadataConsumer, MetadataItem, MetadataPublisher, StreamStopped
+from messaging.subscription import Delivery, Envelope, Subscription
 from messaging.topology import Names, QueueDecl
 
 __all__ = [

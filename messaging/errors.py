@@ -104,19 +104,3 @@ class TaskError(WarrenError):
     def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.result: dict[str, Any] = dict(result or {})
-
-
-class StorageError(WarrenError):
-    """A file on the shared volume is missing, corrupt or outside the volume."""
-
-
-class UnsafePath(StorageError):
-    """A path taken from a message would leave the shared volume."""
-
-
-class CorruptFile(StorageError):
-    """A file exists but is not what it claims to be."""
-
-
-class MissingFile(StorageError):
-    """A file that should exist was not found within the wait budget."""

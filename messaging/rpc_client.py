@@ -10,8 +10,9 @@ from typing import Any
 from messaging import replies
 from messaging.codec import decode, encode
 from messaging.errors import DecodeError, RpcTimeout
-from messaging.link import BrokerLink, Envelope, Subscription
+from messaging.link import BrokerLink
 from messaging.settings import Settings
+from messaging.subscription import Envelope, Subscription
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,9 @@ from messaging.errors import (
     QueueNotFound,
     TaskError,
 )
-from messaging.link import BrokerLink, Delivery, Envelope, Subscription
+from messaging.link import BrokerLink
 from messaging.settings import Settings
+from messaging.subscription import Delivery, Envelope, Subscription
 from messaging.topology import QueueDecl
 
 logger = logging.getLogger(__name__)

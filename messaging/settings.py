@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from messaging.errors import ConfigurationError
 
 #: Prefix of every environment variable warren reads.
 ENV_PREFIX: Final = "WARREN_"
+_C = TypeVar("_C")
 _PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -87,19 +90,10 @@ class Settings:
         """Build settings from ``WARREN_*`` variables, then apply non-``None`` ``overrides``.
 
         Raises:
-            ConfigurationError: a variable does not parse as its field's type, or a value is out of range.
+            ConfigurationError: a variable does not parse as its field's type, a value is
+                out of range, or an override names no setting.
         """
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for field in fields(cls):
-            raw = env.get(ENV_PREFIX + field.name.upper())
-            if raw is not None and raw != "":
-                values[field.name] = _parse(field.name, field.type, raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(values) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigurationError(f"unknown settings: {sorted(unknown)}")
-        return cls(**values)
+        return load(cls, env, overrides)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (validated again)."""
@@ -116,11 +110,82 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
-def _parse(name: str, type_name: Any, raw: str) -> Any:
-    kind = {"int": int, "float": float, "str": str}.get(str(type_name))
-    if kind is None:
-        raise ConfigurationError(f"setting {name} has an unsupported type {type_name!r}")
+def load(cls: type[_C], env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> _C:
+    """Build any settings dataclass the one way warren builds them all.
+
+    Each field is read from ``WARREN_<FIELD>`` (empty means unset), then overridden by a
+    non-``None`` entry of ``overrides`` (CLI flags). A role's ``transport: Settings``
+    field is built the same way from the same environment and overrides; fields of other
+    types (a job config) come only from ``overrides``.
+
+    Raises:
+        ConfigurationError: an unparsable variable, an out-of-range value, or an override
+            that names no setting.
+    """
+    env = os.environ if env is None else env
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    used: set[str] = set()
+    for f in fields(cls):  # type: ignore[arg-type]
+        kind = hints[f.name]
+        if kind is Settings:
+            nested = {k for k in given if k in {g.name for g in fields(Settings)}}
+            values[f.name] = load(Settings, env, {k: given[k] for k in nested})
+            used |= nested
+            continue
+        raw = env.get(ENV_PREFIX + f.name.upper())
+        if raw and _parser(kind) is not None:
+            values[f.name] = _parse(f.name, kind, raw)
+        if f.name in given:
+            values[f.name] = given[f.name]
+            used.add(f.name)
+    unknown = set(given) - used
+    if unknown:
+        raise ConfigurationError(f"unknown settings: {sorted(unknown)}")
+    return cls(**values)
+
+
+def to_env(settings: Any) -> dict[str, str]:
+    """Every field of a settings dataclass as the ``WARREN_*`` variables :func:`load` reads back.
+
+    How a parent process hands its exact settings to the children it starts.
+    """
+    env: dict[str, str] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if isinstance(value, Settings):
+            env.update(to_env(value))
+        elif isinstance(value, bool):
+            env[ENV_PREFIX + f.name.upper()] = "1" if value else "0"
+        elif isinstance(value, str | int | float | Path):
+            env[ENV_PREFIX + f.name.upper()] = str(value)
+    return env
+
+
+def _parser(kind: Any) -> Callable[[str], Any] | None:
+    """How to turn an environment string into a value of ``kind`` (``X | None`` as ``X``)."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if len(args) == 1:
+        kind = args[0]
+    parsers: dict[Any, Callable[[str], Any]] = {bool: _parse_bool, int: int, float: float, str: str, Path: Path}
+    return parsers.get(kind)
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+def _parse(name: str, kind: Any, raw: str) -> Any:
+    parser = _parser(kind)
+    assert parser is not None
     try:
-        return kind(raw)
+        return parser(raw)
     except ValueError:
-        raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} must be a {kind.__name__}, got {raw!r}") from None
+        kind_name = getattr(parser, "__name__", str(kind)).lstrip("_").removeprefix("parse_")
+        raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} must be a {kind_name}, got {raw!r}") from None

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from messaging.codec import decode, encode
 from messaging.errors import DecodeError, PublishRejected, StreamStalled
-from messaging.link import BrokerLink, Delivery, Subscription
+from messaging.link import BrokerLink
+from messaging.subscription import Delivery, Subscription
 from messaging.topology import QueueDecl
 
 logger = logging.getLogger(__name__)
@@ -149,12 +149,6 @@ class MetadataConsumer:
             self.dead_lettered += 1
             logger.warning("dead-lettering a malformed metadata message on %s: %s", self.queue, message)
             delivery.nack(requeue=False)
-
-    def __iter__(self) -> Iterator[MetadataItem]:
-        while not self._sub.closed:
-            item = self.get(1.0)
-            if item is not None:
-                yield item
 
     def close(self) -> None:
         """Stop consuming; unacked messages go back to the queue in order."""

@@ -60,10 +60,6 @@ class Names:
         """An RPC client's reply queue."""
         return f"{self.prefix}.reply.{client_id}"
 
-    def all_queue_patterns(self) -> str:
-        """A regular expression matching every queue of this deployment (for clean-up)."""
-        return "^" + self.prefix.replace(".", r"\.") + r"\."
-
     # -- declarations -------------------------------------------------------------
 
     def dead_letter_args(self) -> dict[str, Any]:

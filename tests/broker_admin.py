@@ -66,3 +66,10 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.1)
+
+
+def queues(amqp_url: str) -> list[dict[str, Any]]:
+    """Every queue of the URL's vhost, with its declared arguments."""
+    vhost = quote(vhost_of(amqp_url), safe="")
+    result: list[dict[str, Any]] = api(amqp_url, "GET", f"/api/queues/{vhost}?columns=name,arguments")
+    return result

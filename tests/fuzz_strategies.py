@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import re
 import struct
 import zipfile
 from collections.abc import Callable
@@ -32,25 +31,35 @@ from hypothesis import strategies as st
 
 from messaging.codec import decode, encode
 from messaging.errors import DecodeError
+from worker.protocol import ID_PATTERN, Refusal, TaskName
 
-TASK_NAMES = ("resource", "collector_start_task", "collector_data_task", "collector_close_task")
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+TASK_NAMES = tuple(name.value for name in TaskName)
+ID_RE = ID_PATTERN
+
+
+def codes(*refusals: Refusal) -> frozenset[str]:
+    """The ``result.message`` strings of these refusals."""
+    return frozenset(r.value for r in refusals)
+
+
 #: ``result.message`` values a refused start task may carry (docs/protocol.md section 4).
-START_REFUSALS = frozenset(
-    {
-        "bad collector_cfg",
-        "missing task_info",
-        "missing collector_cfg",
-        "bad task_id",
-        "bad buffer_id",
-        "unsafe path",
-        "worker busy",
-    }
+START_REFUSALS = codes(
+    Refusal.BAD_COLLECTOR_CFG,
+    Refusal.MISSING_TASK_INFO,
+    Refusal.MISSING_COLLECTOR_CFG,
+    Refusal.BAD_TASK_ID,
+    Refusal.BAD_BUFFER_ID,
+    Refusal.UNSAFE_PATH,
+    Refusal.WORKER_BUSY,
 )
 #: The body of a refused unknown or malformed task.
-NAME_REFUSALS = frozenset({"task name error", "bad task"})
+NAME_REFUSALS = codes(Refusal.TASK_NAME_ERROR, Refusal.BAD_TASK)
+#: A start task whose env is unknown, or one a Q-network cannot drive.
+ENV_REFUSALS = codes(Refusal.UNKNOWN_ENV, Refusal.UNSUPPORTED_ENV)
 #: What a data or close task gets when it cannot be served.
-DATA_CLOSE_REFUSALS = frozenset({"wrong queue", "no running collector", "no data yet", "collector failed"})
+DATA_CLOSE_REFUSALS = codes(
+    Refusal.WRONG_QUEUE, Refusal.NO_RUNNING_COLLECTOR, Refusal.NO_DATA_YET, Refusal.COLLECTOR_FAILED
+)
 
 Target = Literal["tasks", "control"]
 Presence = Literal["yes", "none", "empty"]
@@ -267,16 +276,16 @@ def _drop_task_info(body: dict[str, Any], _value: Any) -> None:
 
 
 _CFG = ("collector_cfg",)
-_CFG_ERR = frozenset({"bad collector_cfg"})
+_CFG_ERR = codes(Refusal.BAD_COLLECTOR_CFG)
 #: (where, how, bad values, allowed result.message values, word the error must name, dqn base)
 _MUTATIONS: list[tuple[str, _Mutate, st.SearchStrategy[Any], frozenset[str], str, bool]] = [
-    ("task_info", _replace_task_info, NON_MAP, frozenset({"missing task_info"}), "task_info", False),
-    ("task_info", _drop_task_info, st.none(), frozenset({"missing task_info"}), "task_info", False),
-    ("task_id", _set("task_id"), bad_id(), frozenset({"bad task_id"}), "task_id", False),
-    ("task_id", _drop("task_id"), st.none(), frozenset({"bad task_id"}), "task_id", False),
-    ("buffer_id", _set("buffer_id"), bad_id(), frozenset({"bad buffer_id"}), "buffer_id", False),
+    ("task_info", _replace_task_info, NON_MAP, codes(Refusal.MISSING_TASK_INFO), "task_info", False),
+    ("task_info", _drop_task_info, st.none(), codes(Refusal.MISSING_TASK_INFO), "task_info", False),
+    ("task_id", _set("task_id"), bad_id(), codes(Refusal.BAD_TASK_ID), "task_id", False),
+    ("task_id", _drop("task_id"), st.none(), codes(Refusal.BAD_TASK_ID), "task_id", False),
+    ("buffer_id", _set("buffer_id"), bad_id(), codes(Refusal.BAD_BUFFER_ID), "buffer_id", False),
     ("collector_cfg", _set(*_CFG), NON_MAP, _CFG_ERR, "collector_cfg", False),
-    ("collector_cfg", _drop(*_CFG), st.none(), frozenset({"missing collector_cfg"}), "collector_cfg", False),
+    ("collector_cfg", _drop(*_CFG), st.none(), codes(Refusal.MISSING_COLLECTOR_CFG), "collector_cfg", False),
     ("env", _set(*_CFG, "env"), NON_MAP, _CFG_ERR, "env", False),
     ("env", _drop(*_CFG, "env"), st.none(), _CFG_ERR, "env", False),
     ("env.id", _set(*_CFG, "env", "id"), st.one_of(NON_STR, st.just(""), huge_text()), _CFG_ERR, "env.id", False),
@@ -394,14 +403,14 @@ def huge_string_task(draw: st.DrawFn) -> Body:
     info = body["task_info"]
     if where == "name":
         body["name"] = text
-        return Body("huge string (name)", encode(body), frozenset({"task name error"}), "illegal")
+        return Body("huge string (name)", encode(body), codes(Refusal.TASK_NAME_ERROR), "illegal")
     if where == "key":  # an unknown key is ignored: the task stays one mistake short of valid
         info["collector_cfg"][text] = text
         info["collector_cfg"]["env"]["env_num"] = 0
         return Body("huge string (unknown key)", encode(body), _CFG_ERR, "env_num")
     if where in ("task_id", "buffer_id"):
         info[where] = text
-        return Body(f"huge string ({where})", encode(body), frozenset({f"bad {where}"}), where)
+        return Body(f"huge string ({where})", encode(body), codes(Refusal(f"bad {where}")), where)
     if where == "env.id":
         info["collector_cfg"]["env"]["id"] = text
         return Body("huge string (env.id)", encode(body), _CFG_ERR, "env.id")
@@ -410,7 +419,7 @@ def huge_string_task(draw: st.DrawFn) -> Body:
     if len(text) > 4096:
         return Body("huge string (policy path)", encode(body), _CFG_ERR, "policy_update_path")
     info["collector_cfg"]["policy_update_path"] = "../" + text[:100]
-    return Body("huge string (policy path)", encode(body), frozenset({"unsafe path"}), "policy_update_path")
+    return Body("huge string (policy path)", encode(body), codes(Refusal.UNSAFE_PATH), "policy_update_path")
 
 
 @st.composite
@@ -418,7 +427,7 @@ def unsafe_path_task(draw: st.DrawFn) -> Body:
     body = valid_start(draw(task_id()), dqn=True)
     path = draw(unsafe_path())
     body["task_info"]["collector_cfg"]["policy_update_path"] = path
-    return Body("unsafe policy path", encode(body), frozenset({"unsafe path"}), "policy_update_path")
+    return Body("unsafe policy path", encode(body), codes(Refusal.UNSAFE_PATH), "policy_update_path")
 
 
 @st.composite
@@ -430,7 +439,7 @@ def unknown_env_task(draw: st.DrawFn) -> Body:
     if draw(st.booleans()):  # eval tasks build their own envs: the id must be checked all the same
         body["task_info"]["collector_cfg"]["eval_flag"] = True
         category += " (eval task)"
-    return Body(category, encode(body), None, "env")
+    return Body(category, encode(body), ENV_REFUSALS, "env")
 
 
 @st.composite
@@ -473,7 +482,7 @@ def unknown_name(draw: st.DrawFn) -> Body:
     body: dict[str, Any] = {"name": name}
     if extra is not None:
         body["task_info"] = extra
-    return Body("unknown task name", encode(body), frozenset({"task name error"}))
+    return Body("unknown task name", encode(body), codes(Refusal.TASK_NAME_ERROR))
 
 
 def data_or_close() -> st.SearchStrategy[Body]:
@@ -583,7 +592,7 @@ def random_bytes() -> st.SearchStrategy[Body]:
 def oversized(limit: int) -> st.SearchStrategy[Body]:
     """A ``resource`` task padded past the worker's size limit: only the size is wrong."""
     return st.integers(min_value=limit + 1, max_value=limit * 4).map(
-        lambda n: Body("oversized", encode({"name": "resource", "pad": "x" * n}), frozenset({"bad request"}))
+        lambda n: Body("oversized", encode({"name": "resource", "pad": "x" * n}), codes(Refusal.BAD_REQUEST))
     )
 
 

@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from worker.config import CollectorConfig
-from worker.flags import add_transport_flags, transport_overrides
+from worker.config import CollectorConfig, role_config
+from worker.flags import add_transport_flags, flag_values
 from worker.logs import setup_logging
 
 
@@ -51,18 +51,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    keys = (
-        "worker_id",
-        "path_data",
-        "path_policy",
-        "data_wait_s",
-        "policy_wait_s",
-        "close_wait_s",
-        "stall_timeout_s",
-        "stop_grace_s",
-        "fsync",
-    )
-    config = CollectorConfig.from_env(**transport_overrides(args), **{k: getattr(args, k) for k in keys})
+    config = role_config(CollectorConfig, **flag_values(args, CollectorConfig))
     setup_logging(f"collector {config.worker_id}", args.log_level)
     stop: threading.Event = args.stop
     from worker.collector.service import run_collector  # torch and gymnasium load only when serving

@@ -1,24 +1,29 @@
-"""Role settings: the transport settings plus what each role needs, built once at start-up.
+"""Every role's settings, built one way: ``WARREN_*`` environment variables, then CLI flags.
 
-Like :class:`messaging.Settings`, every field reads ``WARREN_<FIELD>`` from the
-environment and can be overridden by a CLI flag of the same name.
+Each role gets one frozen dataclass holding the transport :class:`messaging.Settings` and
+what that role needs besides. :func:`role_config` builds any of them through
+:func:`messaging.settings.load`, the one parser warren has: a field ``stall_timeout_s``
+reads ``WARREN_STALL_TIMEOUT_S`` and is overridden by ``--stall-timeout-s``. The job
+(what to train, :class:`~worker.job.JobConfig`) is not an environment setting: it comes
+from its file and flags.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from messaging import ConfigurationError, Settings
+from messaging.settings import load
+from worker.job import JobConfig
 
-_T = TypeVar("_T")
+_C = TypeVar("_C")
 _WORKER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -26,6 +31,21 @@ def default_worker_id() -> str:
     """``<host>-<pid>-<random>``: unique per process, readable in the management UI."""
     host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:40] or "host"
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+def role_config(cls: type[_C], env: Mapping[str, str] | None = None, **overrides: Any) -> _C:
+    """Build a role's config from ``WARREN_*`` variables and non-``None`` ``overrides`` (flags).
+
+    Raises:
+        ConfigurationError: a value does not parse or is out of range, or an override names no setting.
+    """
+    return load(cls, env, overrides)
+
+
+def _positive(config: object, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigurationError(f"{name} must be > 0, got {getattr(config, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -58,59 +78,39 @@ class CollectorConfig:
     def __post_init__(self) -> None:
         if not _WORKER_ID_RE.match(self.worker_id):
             raise ConfigurationError(f"worker_id must match {_WORKER_ID_RE.pattern}, got {self.worker_id!r}")
-        for name in ("data_wait_s", "policy_wait_s", "close_wait_s", "stall_timeout_s", "stop_grace_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        _positive(self, "data_wait_s", "policy_wait_s", "close_wait_s", "stall_timeout_s", "stop_grace_s")
         if self.handler_threads < 2:
             raise ConfigurationError("handler_threads must be >= 2 (data and close tasks run side by side)")
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> CollectorConfig:
-        """Build from ``WARREN_*`` variables and non-``None`` overrides (CLI flags)."""
-        return from_env(cls, env, overrides)
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """What the learner process needs: the broker, the job, and the shared volume."""
+
+    transport: Settings = field(default_factory=Settings)
+    job: JobConfig = field(default_factory=JobConfig)
+    path_data: Path = Path("./data")
+    """Shared volume directory the collectors write step data files to."""
+    path_policy: Path = Path("./policy")
+    """Shared volume directory for the policy files the learner writes."""
+    torch_threads: int = 1
+    """torch intra-op threads of the learner."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "torch_threads")
 
 
-def from_env(cls: type[_T], env: Mapping[str, str] | None, overrides: Mapping[str, Any]) -> _T:
-    """Build a role config dataclass: its ``transport`` from :class:`Settings`, the rest by field name."""
-    env = os.environ if env is None else env
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    transport_names = {f.name for f in fields(Settings)}
-    transport = Settings.from_env(env, **{k: v for k, v in overrides.items() if k in transport_names})
-    values: dict[str, Any] = {"transport": transport}
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.name == "transport":
-            continue
-        raw = env.get("WARREN_" + f.name.upper())
-        if raw:
-            values[f.name] = _parse(f.name, str(f.type), raw)
-    for key, value in overrides.items():
-        if value is None or key in transport_names:
-            continue
-        if key not in names:
-            raise ConfigurationError(f"unknown setting {key!r}")
-        values[key] = value
-    return cls(**values)
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """What the coordinator needs: the broker, the job, and where to log."""
 
+    transport: Settings = field(default_factory=Settings)
+    job: JobConfig = field(default_factory=JobConfig)
+    run_log: Path | None = None
+    """JSON-lines log of tasks, evals and checkpoints (also what a restarted coordinator resumes from)."""
+    progress: str = "auto"
+    """``line`` (live status line), ``log`` (a line every few seconds), ``off``, or ``auto`` (line on a terminal)."""
 
-def _parse(name: str, type_name: str, raw: str) -> Any:
-    try:
-        if type_name == "bool":
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if type_name == "int":
-            return int(raw)
-        if type_name == "float":
-            return float(raw)
-        if type_name == "Path":
-            return Path(raw)
-        return raw
-    except ValueError:
-        raise ConfigurationError(f"WARREN_{name.upper()} must be a {type_name}, got {raw!r}") from None
-
-
-def replace(config: _T, **changes: Any) -> _T:
-    """A copy of a frozen config with some fields changed (validated again)."""
-    return dataclasses.replace(config, **changes)  # type: ignore[type-var]
+    def __post_init__(self) -> None:
+        if self.progress not in ("auto", "line", "log", "off"):
+            raise ConfigurationError(f"progress must be auto, line, log or off, got {self.progress!r}")

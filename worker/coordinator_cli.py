@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
 from worker.logs import setup_logging
 
 
@@ -34,20 +34,19 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--progress",
         choices=["auto", "line", "log", "off"],
-        default="auto",
         help="live status line (auto: on a terminal), periodic log lines, or nothing",
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.coordinator.service import Coordinator, CoordinatorConfig
+    from worker.config import CoordinatorConfig, role_config
+    from worker.coordinator.loop import Coordinator
 
-    transport = transport_settings(args)
     job = job_config(args, **{"coordinator.collect_tasks": args.collect_tasks})
+    config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
     setup_logging("coordinator", args.log_level)
     stop: threading.Event = args.stop
-    config = CoordinatorConfig(transport=transport, run=job, run_log=args.run_log, progress=args.progress)
     try:
         summary = Coordinator(config, stop).run()
     except WarrenError as exc:

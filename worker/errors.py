@@ -1,19 +1,15 @@
-"""Errors raised by warren's roles; they all belong to :mod:`messaging.errors`' tree."""
+"""Errors raised by warren's roles; they all derive from :class:`messaging.errors.WarrenError`.
+
+The transport's errors (broker, codec, RPC, configuration, ``TaskError``) live in
+:mod:`messaging.errors`; the ones only the roles raise (storage, collector failures) here.
+"""
 
 from __future__ import annotations
 
 import reprlib
 from typing import Any
 
-from messaging.errors import (
-    ConfigurationError,
-    CorruptFile,
-    MissingFile,
-    StorageError,
-    TaskError,
-    UnsafePath,
-    WarrenError,
-)
+from messaging.errors import ConfigurationError, TaskError, WarrenError
 
 __all__ = [
     "CollectorError",
@@ -27,6 +23,22 @@ __all__ = [
     "WarrenError",
     "short_repr",
 ]
+
+
+class StorageError(WarrenError):
+    """A file on the shared volume is missing, corrupt or outside the volume."""
+
+
+class UnsafePath(StorageError):
+    """A path taken from a message would leave the shared volume."""
+
+
+class CorruptFile(StorageError):
+    """A file exists but is not what it claims to be."""
+
+
+class MissingFile(StorageError):
+    """A file that should exist was not found within the wait budget."""
 
 
 class CollectorError(TaskError):

@@ -7,11 +7,12 @@ job flags override the TOML job config.
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from messaging import Settings
-from worker.run_config import RunConfig
+from worker.job import JobConfig
 
 #: Settings fields that have a broker flag (see :func:`add_transport_flags`).
 TRANSPORT_FLAGS = (
@@ -46,14 +47,19 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING... (default INFO)")
 
 
-def transport_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The broker flags given on the command line, as ``Settings`` overrides."""
-    return {name: getattr(args, name) for name in TRANSPORT_FLAGS}
+def flag_values(args: argparse.Namespace, config_type: type) -> dict[str, Any]:
+    """The flags of ``args`` that name a field of ``config_type`` or of its transport settings.
+
+    Flags left out on the command line are ``None``, so the environment or the default
+    applies (see :func:`worker.config.role_config`).
+    """
+    names = {f.name for f in fields(config_type)} | set(TRANSPORT_FLAGS)
+    return {name: getattr(args, name) for name in names if hasattr(args, name)}
 
 
 def transport_settings(args: argparse.Namespace) -> Settings:
     """Broker settings from the environment and the broker flags."""
-    return Settings.from_env(**transport_overrides(args))
+    return Settings.from_env(**{name: getattr(args, name) for name in TRANSPORT_FLAGS})
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +72,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, help="seed of envs and networks (env.seed)")
 
 
-def job_config(args: argparse.Namespace, **extra: object) -> RunConfig:
+def job_config(args: argparse.Namespace, **extra: object) -> JobConfig:
     """The job config from ``--config`` and the override flags."""
     overrides: dict[str, object] = {
         "env.id": args.env_id,
@@ -76,4 +82,4 @@ def job_config(args: argparse.Namespace, **extra: object) -> RunConfig:
         "coordinator.max_time_s": args.max_time_s,
         **extra,
     }
-    return RunConfig.load(args.config, **overrides)
+    return JobConfig.load(args.config, **overrides)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from messaging import Settings, WarrenError
+from messaging.settings import to_env
 from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
 from worker.logs import setup_logging
 
@@ -47,7 +48,12 @@ def add_parser(commands: Any) -> None:
     add_job_flags(parser)
     parser.add_argument("--collectors", type=int, default=2, help="collector processes (default 2)")
     parser.add_argument("--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<id>)")
-    parser.add_argument("--progress", choices=["auto", "line", "log", "off"], default="auto")
+    parser.add_argument(
+        "--progress",
+        choices=["auto", "line", "log", "off"],
+        default="auto",
+        help="live status line (auto: on a terminal), periodic log lines, or nothing",
+    )
     parser.set_defaults(run=run)
 
 
@@ -100,7 +106,8 @@ class Children:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.coordinator.service import Coordinator, CoordinatorConfig
+    from worker.config import CoordinatorConfig
+    from worker.coordinator.loop import Coordinator
 
     base = transport_settings(args)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
@@ -110,17 +117,17 @@ def run(args: argparse.Namespace) -> int:
     for sub in ("data", "policy", "logs"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     setup_logging("run", args.log_level)
-    (workdir / "job.json").write_text(json.dumps(job.to_dict(), indent=2, default=list))
+    job_file = workdir / "job.json"
+    job_file.write_text(job.to_json())
     stop: threading.Event = args.stop
-    children = Children(_child_env(transport, workdir), workdir / "logs")
-    job_flags = _job_flags(args)
+    children = Children(child_env(transport, workdir), workdir / "logs")
     logger.info(
         "run %s: %d collectors, workdir %s, queue prefix %s", run_id, args.collectors, workdir, transport.prefix
     )
-    children.start("learner", ["learner", *job_flags])
+    children.start("learner", ["learner", "--config", str(job_file)])
     for i in range(args.collectors):
         children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}"])
-    config = CoordinatorConfig(transport=transport, run=job, run_log=workdir / "run.jsonl", progress=args.progress)
+    config = CoordinatorConfig(transport=transport, job=job, run_log=workdir / "run.jsonl", progress=args.progress)
     try:
         summary = Coordinator(config, stop).run()
     except WarrenError as exc:
@@ -137,30 +144,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["success"] else 3
 
 
-def _child_env(transport: Settings, workdir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        WARREN_AMQP_URL=transport.amqp_url,
-        WARREN_PREFIX=transport.prefix,
-        WARREN_HEARTBEAT_S=str(transport.heartbeat_s),
-        WARREN_CONNECT_TIMEOUT_S=str(transport.connect_timeout_s),
-        WARREN_PATH_DATA=str(workdir / "data"),
-        WARREN_PATH_POLICY=str(workdir / "policy"),
-        PYTHONUNBUFFERED="1",
-    )
-    if transport.amqp_ca_file:
-        env["WARREN_AMQP_CA_FILE"] = transport.amqp_ca_file
-    return env
+def child_env(transport: Settings, workdir: Path) -> dict[str, str]:
+    """The children's environment: this process's, with every transport setting of the run.
 
-
-def _job_flags(args: argparse.Namespace) -> list[str]:
-    flags: list[str] = []
-    for flag, value in (
-        ("--config", args.config),
-        ("--env-id", args.env_id),
-        ("--stop-value", args.stop_value),
-        ("--seed", args.seed),
-    ):
-        if value is not None:
-            flags += [flag, str(value)]
-    return flags
+    Every field of ``transport`` is passed (not a hand-picked subset), so a setting given
+    to ``warren run`` as a flag reaches the collectors and the learner as it reaches the
+    coordinator.
+    """
+    return {
+        **os.environ,
+        **to_env(transport),
+        "WARREN_PATH_DATA": str(workdir / "data"),
+        "WARREN_PATH_POLICY": str(workdir / "policy"),
+        "PYTHONUNBUFFERED": "1",
+    }

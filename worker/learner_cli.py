@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
 from worker.logs import setup_logging
 
 
@@ -25,22 +25,15 @@ def add_parser(commands: Any) -> None:
     add_job_flags(parser)
     parser.add_argument("--path-data", type=Path, help="step data directory (WARREN_PATH_DATA; ./data)")
     parser.add_argument("--path-policy", type=Path, help="policy directory (WARREN_PATH_POLICY; ./policy)")
-    parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--torch-threads", type=int, help="torch intra-op threads (WARREN_TORCH_THREADS; default 1)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
+    from worker.config import LearnerConfig, role_config
+    from worker.learner.service import Learner
 
-    from worker.learner.service import Learner, LearnerConfig
-
-    config = LearnerConfig(
-        transport=transport_settings(args),
-        run=job_config(args),
-        path_data=args.path_data or Path(os.environ.get("WARREN_PATH_DATA", "./data")),
-        path_policy=args.path_policy or Path(os.environ.get("WARREN_PATH_POLICY", "./policy")),
-        torch_threads=args.torch_threads,
-    )
+    config = role_config(LearnerConfig, job=job_config(args), **flag_values(args, LearnerConfig))
     setup_logging("learner", args.log_level)
     stop: threading.Event = args.stop
     try:

@@ -12,8 +12,8 @@ import torch
 
 from messaging import BrokerLink, Names, Settings
 from tests.procs import Proc, role_env, wait_for_queue
+from worker.job import JobConfig
 from worker.rl.policy import QNetwork
-from worker.run_config import RunConfig
 from worker.storage import PolicyStore
 
 
@@ -62,7 +62,7 @@ class Cluster:
 
     def write_initial_policy(self) -> None:
         """A policy file for runs without a learner (the test plays the learner)."""
-        hidden = RunConfig.load(self.job if self.job.exists() else None).learner.hidden_sizes
+        hidden = JobConfig.load(self.job if self.job.exists() else None).learner.hidden_sizes
         torch.manual_seed(0)
         PolicyStore(self.policy).write("policy_main", QNetwork(4, 2, hidden).state_dict(), 0)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import time
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from messaging import BrokerLink, MetadataConsumer, Names, RemoteError, RpcClient, Settings
+from tests.broker_admin import wait_until
 from tests.procs import Proc, role_env, wait_for_queue
 from tests.tasks import drain_data_tasks, start_task
 from worker.rl.policy import QNetwork
@@ -280,3 +282,36 @@ def test_sigterm_mid_task_stops_cleanly_and_says_so(
     samples = [m["cur_sample"] for m in messages]
     assert samples == sorted(samples)
     assert "stopping cleanly" in worker.log()
+
+
+def _temp_files(directory: Path) -> tuple[Path, Path]:
+    """A temp file a crashed writer left an hour ago, and one a live writer is writing now."""
+    stale = directory / ".env_0_dead.0123456789abcdef.tmp"
+    fresh = directory / ".env_1_live.fedcba9876543210.tmp"
+    for path in (stale, fresh):
+        path.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    return stale, fresh
+
+
+def test_a_starting_collector_sweeps_temp_files_crashed_writers_left(volume: Path, start_worker: WorkerFactory) -> None:
+    stale, fresh = _temp_files(volume / "data")
+    start_worker()
+    assert not stale.exists()
+    assert fresh.exists()  # another collector may be writing it right now
+
+
+def test_a_starting_learner_sweeps_temp_files_crashed_writers_left(
+    settings: Settings, volume: Path, link: BrokerLink
+) -> None:
+    stale_data, fresh_data = _temp_files(volume / "data")
+    stale_policy, fresh_policy = _temp_files(volume / "policy")
+    env = role_env(settings, WARREN_PATH_DATA=str(volume / "data"), WARREN_PATH_POLICY=str(volume / "policy"))
+    learner = Proc(["learner"], env=env, log=volume / "learner.log")
+    try:
+        wait_until((volume / "policy" / "policy_main").exists, 60, "the learner's first policy file")
+        assert not stale_data.exists() and not stale_policy.exists()
+        assert fresh_data.exists() and fresh_policy.exists()
+    finally:
+        learner.kill()

@@ -34,7 +34,7 @@ from tests.compose import (
     service_environment,
 )
 from tests.procs import Proc
-from worker.run_config import RunConfig
+from worker.job import JobConfig
 from worker.storage import PolicyStore
 
 pytestmark = pytest.mark.rabbitmq
@@ -143,7 +143,7 @@ def test_compose_services_train_together(stack_factory: Any, settings: Settings)
     with BrokerLink(settings, "test-check") as link:
         for worker_id in workers:
             assert link.queue_exists(names.collector_control(worker_id)), worker_id
-    policy = PolicyStore(volume / "policy").read(RunConfig().coordinator.policy_name)
+    policy = PolicyStore(volume / "policy").read(JobConfig().coordinator.policy_name)
     assert policy is not None and policy.iter > 0, learner.log()
     assert summary["policy_iter"] > 0
 

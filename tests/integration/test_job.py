@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from messaging import Names, RpcClient, Settings
-from tests.broker_admin import wait_until
+from tests.broker_admin import queues, wait_until
 from tests.procs import Proc, role_env, wait_for_queue
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
@@ -196,3 +196,28 @@ def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path
     assert concurrent == 3
     assert {r["worker_id"] for r in records if r["kind"] == "task"} == {"w0", "w1", "w2"}
     assert "one per collector worker" in coordinator.log()
+
+
+def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Settings, tmp_path: Path) -> None:
+    # Given warren run with a non-default metadata queue length, and long collect tasks
+    job = tmp_path / "job.toml"
+    job.write_text("[collector]\nn_sample = 50000\n")
+    env = {**os.environ, **role_env(settings)}
+    args = ["run", "--workdir", str(tmp_path / "run"), "--progress", "off", "--config", str(job)]
+    args += ["--collectors", "1", "--metadata-queue-length", "3", "--max-time-s", "90"]
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", *args], env=env)
+    lengths: set[int] = set()
+    try:
+        # When a collect task runs
+        def declared() -> bool:
+            for queue in queues(settings.amqp_url):
+                if queue["name"].startswith(settings.prefix) and ".metadata." in queue["name"]:
+                    lengths.add(queue["arguments"].get("x-max-length"))
+            return bool(lengths)
+
+        wait_until(declared, 60, "a metadata queue")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    # Then the collector declared its metadata queue with the flag's value, not the default
+    assert lengths == {3}

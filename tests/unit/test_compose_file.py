@@ -33,8 +33,8 @@ from tests.compose import (
     service_environment,
 )
 from worker.cli import build_parser
-from worker.config import CollectorConfig
-from worker.run_config import RunConfig
+from worker.config import CollectorConfig, role_config
+from worker.job import JobConfig
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 WARREN_SERVICES = ("collector", "coordinator", "learner")
@@ -258,7 +258,7 @@ def test_job_variables_reach_the_coordinator_and_learner() -> None:
 
 def test_compose_defaults_are_warrens_defaults() -> None:
     services = load_compose({})["services"]
-    job = RunConfig()
+    job = JobConfig()
     coordinator = service_command(services["coordinator"])
     assert int(arg_after(coordinator, "--collect-tasks")) == job.coordinator.collect_tasks
     assert arg_after(coordinator, "--env-id") == job.env.id
@@ -288,7 +288,7 @@ def test_every_warren_setting_can_be_set_from_the_env_file() -> None:
 def test_empty_settings_fall_back_to_warrens_defaults() -> None:
     env = service_environment(load_compose({})["services"]["collector"])
     warren_env = {k: v for k, v in env.items() if k.startswith("WARREN_")}
-    config = CollectorConfig.from_env(warren_env)
+    config = role_config(CollectorConfig, warren_env)
     assert config.transport.rpc_timeout_s == Settings().rpc_timeout_s
     assert config.transport.prefix == Settings().prefix
     assert config.handler_threads == CollectorConfig().handler_threads

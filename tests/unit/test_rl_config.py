@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.errors import TaskError
-from worker.rl.config import CollectorSpec, EnvSpec, LearnerSpec, PolicySpec, epsilon_at
+from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
+from worker.rl.config import LearnerSpec, epsilon_at
 
 
 def good_cfg() -> dict[str, Any]:
@@ -181,17 +182,13 @@ def test_garbage_planted_in_a_good_config_only_raises_task_error(edits: list[tup
         assert CollectorSpec.from_wire(spec.to_wire()) == spec
 
 
-def test_learner_spec_round_trips_and_refuses_unknown_or_bad_keys() -> None:
-    spec = LearnerSpec(batch_size=32, hidden_sizes=(16,))
-
-    assert LearnerSpec.from_wire(spec.to_wire()) == spec
-    assert LearnerSpec.from_wire({}) == LearnerSpec()
-    with pytest.raises(TaskError, match=r"learner_cfg\.'momentum' is not a learner setting"):
-        LearnerSpec.from_wire({"momentum": 0.9})
+def test_learner_spec_refuses_bad_values_naming_the_key() -> None:
     with pytest.raises(TaskError, match=r"learner_cfg\.lr"):
-        LearnerSpec.from_wire({"lr": 0})
+        LearnerSpec(lr=0)
     with pytest.raises(TaskError, match=r"learner_cfg\.double_dqn"):
-        LearnerSpec.from_wire({"double_dqn": 1})
+        LearnerSpec(double_dqn=1)  # type: ignore[arg-type]
+    with pytest.raises(TaskError, match=r"learner_cfg\.hidden_sizes"):
+        LearnerSpec(hidden_sizes=())
 
 
 def test_default_hidden_sizes_agree_between_collector_and_learner() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from worker.errors import CollectorError, TaskError
-from worker.rl.config import PolicySpec
+from worker.protocol import PolicySpec
 from worker.rl.envs import EnvBatch, make_env
 from worker.rl.policy import DQNPolicy, QNetwork, RandomPolicy, limit_torch_threads, make_policy
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from worker.errors import CollectorError, CorruptFile, PolicyUnavailable, TaskError, UnsafePath
-from worker.rl.config import CollectorSpec, EnvSpec, PolicySpec
+from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.envs import EnvBatch
 from worker.rl.policy import QNetwork
-from worker.rl.rollout import PolicySnapshot, PolicySource, Rollout
+from worker.rl.rollout import PolicySource, Rollout
+from worker.storage import PolicySnapshot
 
 HIDDEN = (8,)
 META_KEYS = {
@@ -92,8 +93,8 @@ def test_n_episode_task_runs_exactly_env_num_times_n_episode_episodes() -> None:
     rollout, sink = run(make_spec(env_num=3, n_episode=2))
 
     info = rollout.finish_info()
-    assert info["real_episode_count"] == info["predefined_episode_count"] == 6
-    assert len(info["reward_raw"]) == 6
+    assert info.real_episode_count == info.predefined_episode_count == 6
+    assert len(info.reward_raw) == 6
     # every env ended exactly two episodes (a chunk ends an episode when its last row is done/truncated)
     ends = [0, 0, 0]
     for env_id, samples, _ in sink.chunks:
@@ -101,29 +102,29 @@ def test_n_episode_task_runs_exactly_env_num_times_n_episode_episodes() -> None:
     assert ends == [2, 2, 2]
     assert [i["collector_done"] for i in sink.infos] == [False] * (len(sink.infos) - 1) + [True]
     assert sink.events[-1] == ("info", sink.infos[-1]) and sink.infos[-1]["cur_episode"] == 6
-    assert info["collector_done"] is True
-    assert info["sample_count"] == info["step_count"] == sum(m["unroll_len"] for _, _, m in sink.chunks)
+    assert info.collector_done is True
+    assert info.sample_count == info.step_count == sum(m["unroll_len"] for _, _, m in sink.chunks)
 
 
 def test_n_sample_task_stops_at_the_sample_target_and_reports_done_once() -> None:
     rollout, sink = run(make_spec(env_num=4, n_sample=50, traj_len=8))
 
     info = rollout.finish_info()
-    assert 50 <= info["sample_count"] < 50 + 4
-    assert sum(m["unroll_len"] for _, _, m in sink.chunks) == info["sample_count"]
+    assert 50 <= info.sample_count < 50 + 4
+    assert sum(m["unroll_len"] for _, _, m in sink.chunks) == info.sample_count
     assert sink.events[-1][0] == "info" and sink.infos[-1]["collector_done"] is True
     assert sum(i["collector_done"] for i in sink.infos) == 1
-    assert sink.infos[-1]["cur_sample"] == info["sample_count"]
-    assert info["predefined_episode_count"] == 0
-    assert info["collect_setting"] == {}
+    assert sink.infos[-1]["cur_sample"] == info.sample_count
+    assert info.predefined_episode_count == 0
+    assert info.collect_setting == {}
 
 
 def test_max_env_steps_ends_the_task_as_done() -> None:
     rollout, sink = run(make_spec(env_num=2, n_episode=1000, max_env_steps=40))
 
     info = rollout.finish_info()
-    assert info["collector_done"] is True and 40 <= info["step_count"] < 42
-    assert info["sample_count"] == info["step_count"]  # partial trajectories were flushed
+    assert info.collector_done is True and 40 <= info.step_count < 42
+    assert info.sample_count == info.step_count  # partial trajectories were flushed
     assert sink.infos[-1]["collector_done"] is True
 
 
@@ -178,13 +179,13 @@ def test_eval_writes_no_samples_and_reports_returns() -> None:
 
     info = rollout.finish_info()
     assert sink.chunks == []
-    assert info["real_episode_count"] == 3 and info["sample_count"] == 0
+    assert info.real_episode_count == 3 and info.sample_count == 0
     # CartPole pays 1 per step, so returns add up to the steps taken
-    assert sum(info["reward_raw"]) == info["step_count"] > 0
-    assert info["reward_mean"] == pytest.approx(np.mean(info["reward_raw"]))
-    assert info["reward_std"] == pytest.approx(np.std(info["reward_raw"]))
-    assert "collect_setting" not in info and info["eval_flag"] is True
-    assert is_plain(info)
+    assert sum(info.reward_raw) == info.step_count > 0
+    assert info.reward_mean == pytest.approx(np.mean(info.reward_raw))
+    assert info.reward_std == pytest.approx(np.std(info.reward_raw))
+    assert "collect_setting" not in info.to_wire() and info.eval_flag is True
+    assert is_plain(info.to_wire())
 
 
 def test_eval_with_dqn_reads_the_policy_once() -> None:
@@ -192,7 +193,7 @@ def test_eval_with_dqn_reads_the_policy_once() -> None:
     rollout, _ = run(make_spec(policy="dqn", env_num=2, n_episode=2, eval_flag=True, update_policy_second=1e-3), source)
 
     assert source.reads == 1
-    assert rollout.finish_info()["train_iter"] == 1
+    assert rollout.finish_info().train_iter == 1
 
 
 # -- policy handling -----------------------------------------------------------------
@@ -228,7 +229,7 @@ def test_collect_rereads_the_policy_every_update_policy_second() -> None:
 
     iters = [m["policy_iter"] for _, _, m in sink.chunks]
     assert iters[0] >= 1 and iters[-1] > iters[0] and iters == sorted(iters)
-    assert rollout.finish_info()["train_iter"] == source.reads
+    assert rollout.finish_info().train_iter == source.reads
 
 
 def test_policy_that_does_not_fit_the_network_fails_the_task() -> None:
@@ -266,7 +267,7 @@ def test_failed_reload_keeps_the_current_policy() -> None:
 
     assert source.reads > 3  # reloads were attempted
     assert {m["policy_iter"] for _, _, m in sink.chunks} == {1}
-    assert rollout.finish_info()["collector_done"] is True
+    assert rollout.finish_info().collector_done is True
 
 
 def test_dqn_without_policy_source_is_a_programming_error() -> None:
@@ -290,7 +291,7 @@ def test_stop_event_ends_a_long_task_promptly() -> None:
 
     assert not thread.is_alive()
     info = rollout.finish_info()
-    assert info["collector_done"] is False and info["step_count"] > 0
+    assert info.collector_done is False and info.step_count > 0
     assert not any(i["collector_done"] for i in sink.infos)
 
 
@@ -303,7 +304,7 @@ def test_stop_while_waiting_for_a_policy_returns_without_error() -> None:
     rollout.run()
 
     assert time.monotonic() - start < 2.0
-    assert rollout.finish_info()["step_count"] == 0
+    assert rollout.finish_info().step_count == 0
 
 
 def test_unknown_env_id_is_a_task_error() -> None:
@@ -343,9 +344,9 @@ def test_finish_info_is_safe_before_run_and_has_plain_values() -> None:
 
     info = rollout.finish_info()
 
-    assert info["duration"] == 0.0 and info["avg_time_per_step"] == 0.0 and info["reward_mean"] == 0.0
-    assert info["collect_setting"] == {"eps": 0.2}
-    assert is_plain(info)
+    assert info.duration == 0.0 and info.avg_time_per_step == 0.0 and info.reward_mean == 0.0
+    assert info.collect_setting == {"eps": 0.2}
+    assert is_plain(info.to_wire())
 
 
 def test_a_rollout_runs_only_once() -> None:

@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import fields
+from pathlib import Path
+
 import pytest
 
 from messaging import ConfigurationError, Names, Settings, redact_url
+from messaging.settings import to_env
+from worker.config import CollectorConfig, CoordinatorConfig, LearnerConfig, role_config
+from worker.launcher import child_env
 
 
 def test_defaults_without_environment() -> None:
@@ -48,3 +54,47 @@ def test_passwords_never_appear_in_redacted_urls() -> None:
     with pytest.raises(ConfigurationError) as info:
         Settings.from_env({"WARREN_AMQP_URL": "http://bob:s3cret@broker/"})
     assert "s3cret" not in str(info.value)
+
+
+def test_every_setting_survives_the_trip_through_a_child_environment() -> None:
+    # Given settings that differ from the defaults in every field
+    settings = Settings(
+        amqp_url="amqps://u:p@broker:5671/v",
+        amqp_ca_file="/ca.pem",
+        prefix="run-7",
+        heartbeat_s=7,
+        blocked_connection_timeout_s=8.5,
+        connect_timeout_s=9.5,
+        prefetch=3,
+        rpc_timeout_s=11.0,
+        max_message_bytes=1234,
+        metadata_queue_length=5,
+        metadata_queue_expires_s=13.0,
+        reply_queue_expires_s=14.0,
+    )
+    assert all(getattr(settings, f.name) != getattr(Settings(), f.name) for f in fields(Settings))
+    # When a parent passes them as environment variables, a child reads back the same
+    assert Settings.from_env(to_env(settings)) == settings
+
+
+def test_warren_run_hands_its_children_every_transport_setting(tmp_path: Path) -> None:
+    transport = Settings(prefix="warren-run1", metadata_queue_length=3, rpc_timeout_s=12.0)
+    env = child_env(transport, tmp_path)
+    collector = role_config(CollectorConfig, env)
+    learner = role_config(LearnerConfig, env)
+    assert collector.transport == learner.transport == transport
+    assert collector.path_data == learner.path_data == tmp_path / "data"
+    assert learner.path_policy == tmp_path / "policy"
+
+
+def test_every_role_config_reads_the_environment_and_lets_flags_win() -> None:
+    env = {"WARREN_PREFIX": "envp", "WARREN_STALL_TIMEOUT_S": "12", "WARREN_FSYNC": "yes", "WARREN_TORCH_THREADS": "2"}
+    collector = role_config(CollectorConfig, env, prefix="flagp", stall_timeout_s=None)
+    assert (collector.transport.prefix, collector.stall_timeout_s, collector.fsync) == ("flagp", 12.0, True)
+    assert role_config(LearnerConfig, env).torch_threads == 2
+    coordinator = role_config(CoordinatorConfig, env, progress="log", run_log=Path("r.jsonl"))
+    assert (coordinator.transport.prefix, coordinator.progress, coordinator.run_log) == ("envp", "log", Path("r.jsonl"))
+    with pytest.raises(ConfigurationError, match="unknown settings"):
+        role_config(CollectorConfig, env, no_such_setting=1)
+    with pytest.raises(ConfigurationError, match="WARREN_FSYNC must be a bool"):
+        role_config(CollectorConfig, {"WARREN_FSYNC": "perhaps"})

@@ -7,18 +7,18 @@ pika connections never cross threads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from typing import Any
 
 from messaging import BrokerLink, CodecError, MessagingError, MetadataPublisher, QueueDecl, Settings, StreamStopped
-from worker.collector.protocol import StartTask
 from worker.collector.sink import BrokerSink
 from worker.errors import WarrenError
+from worker.protocol import FinishInfo, InfoItem, StartTask
 from worker.rl.envs import EnvBatch
-from worker.rl.rollout import PolicySnapshot, Rollout
-from worker.storage import FileStamp, PolicyStore, StepStore
+from worker.rl.rollout import Rollout
+from worker.storage import FileStamp, PolicySnapshot, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +36,7 @@ class FilePolicySource:
 
     def read(self) -> PolicySnapshot | None:
         snapshot, self._stamp = self.store.read_if_changed(self.name, self._stamp)
-        if snapshot is None:
-            return None
-        return PolicySnapshot(snapshot.state_dict, snapshot.iter)
+        return snapshot
 
 
 class CollectorRun:
@@ -93,7 +91,7 @@ class CollectorRun:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self, timeout_s: float) -> dict[str, Any]:
+    def close(self, timeout_s: float) -> FinishInfo:
         """Stop the rollout after its current step and return DI-engine's ``finish_info``."""
         self.stop.set()
         self._thread.join(timeout_s)
@@ -106,14 +104,22 @@ class CollectorRun:
         self._aborted = True
         self.close(timeout_s)
 
-    def finish_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"collector_done": False}
+    def finish_info(self) -> FinishInfo:
         if self._rollout is not None:
             info = self._rollout.finish_info()
-        if self.error is not None:
-            info["error"] = self.error
-        info["task_id"] = self.task_id
-        return info
+        else:  # stopped before its rollout began
+            info = FinishInfo.measured(
+                eval_flag=self.start_task.cfg.eval_flag,
+                env_num=self.start_task.cfg.env.env_num,
+                duration=0.0,
+                train_iter=0,
+                collector_done=False,
+                predefined_episode_count=0,
+                steps=0,
+                samples=0,
+                returns=[],
+            )
+        return dataclasses.replace(info, error=self.error, task_id=self.task_id)
 
     # -- the task thread ------------------------------------------------------------
 
@@ -139,12 +145,12 @@ class CollectorRun:
         start = self.start_task
         sink = BrokerSink(self._steps, publisher, task_id=start.task_id, buffer_id=start.buffer_id)
         source = None
-        if start.spec.policy_update_path is not None:
-            source = FilePolicySource(self._policies, start.spec.policy_update_path)
+        if start.cfg.policy_update_path is not None:
+            source = FilePolicySource(self._policies, start.cfg.policy_update_path)
         self._rollout = Rollout(
-            start.spec, sink, source, stop=self.stop, policy_wait_s=self._policy_wait_s, envs=self._envs
+            start.cfg, sink, source, stop=self.stop, policy_wait_s=self._policy_wait_s, envs=self._envs
         )
-        logger.info("task %s started (%s)", start.task_id, "eval" if start.spec.eval_flag else "collect")
+        logger.info("task %s started (%s)", start.task_id, "eval" if start.cfg.eval_flag else "collect")
         try:
             self._rollout.run()
         except StreamStopped:
@@ -177,32 +183,29 @@ class CollectorRun:
         logger.info(
             "task %s ended: %d steps, %d samples, %d episodes, reward_mean %.1f",
             start.task_id,
-            info["step_count"],
-            info["sample_count"],
-            info["real_episode_count"],
-            info["reward_mean"],
+            info.step_count,
+            info.sample_count,
+            info.real_episode_count,
+            info.reward_mean,
         )
 
     def _final_info(self, publisher: MetadataPublisher, *, aborted: bool) -> None:
         info = self.finish_info()
-        message: dict[str, Any] = {
-            "eval_flag": self.start_task.spec.eval_flag,
-            "get_info_time": time.time(),
-            "collector_done": not aborted,
-            "cur_episode": info.get("real_episode_count", 0),
-            "cur_sample": info.get("sample_count", 0),
-            "cur_step": info.get("step_count", 0),
-            "task_id": self.task_id,
-            "buffer_id": self.start_task.buffer_id,
-        }
-        if aborted:
-            message["aborted"] = True
-        if self.error is not None:
-            message["error"] = self.error
+        message = InfoItem(
+            collector_done=not aborted,
+            cur_episode=info.real_episode_count,
+            cur_sample=info.sample_count,
+            cur_step=info.step_count,
+            task_id=self.task_id,
+            buffer_id=self.start_task.buffer_id,
+            eval_flag=self.start_task.cfg.eval_flag,
+            error=self.error,
+            aborted=aborted,
+        )
         # The run's stop switch is set by now; the final info gets its own, bounded patience
         # for room in the queue (a coordinator reading the stream makes room within moments).
         final = MetadataPublisher(publisher.link, self.metadata, stall_timeout_s=FINAL_INFO_WAIT_S)
         try:
-            final.publish(message, headers={"kind": "info"})
+            final.publish(message.to_wire(), headers={"kind": "info"})
         except (StreamStopped, MessagingError) as exc:
             logger.warning("task %s: final info not published: %s", self.task_id, exc)

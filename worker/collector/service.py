@@ -22,13 +22,12 @@ from typing import Any
 import torch
 
 from messaging import DecodeError, Names, Reply, Request, RpcServer, decode
-from worker.collector import protocol
-from worker.collector.protocol import StartTask
 from worker.collector.run import CollectorRun
 from worker.config import CollectorConfig
-from worker.errors import TaskError, WarrenError
+from worker.errors import UnsafePath, WarrenError
+from worker.protocol import FinishInfo, Refusal, ResourceReply, StartReply, StartTask, TaskName, task_name
 from worker.rl.envs import EnvBatch, make_env
-from worker.storage import PolicyStore, StepStore
+from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +69,9 @@ class CollectorWorker:
         Raises:
             MessagingError: the broker could not be reached.
         """
+        swept = self.steps.sweep_temp(STALE_TEMP_S)
+        if swept:
+            logger.info("removed %d temp files that crashed writers left behind", swept)
         prefetch = self.config.transport.prefetch
         self.server.add_queue(self.names.collector_tasks_decl(), self._on_shared_task, prefetch=prefetch)
         self.server.add_queue(
@@ -112,43 +114,39 @@ class CollectorWorker:
     # -- handlers -------------------------------------------------------------------
 
     def _on_shared_task(self, request: Request) -> dict[str, Any] | Reply:
-        name = protocol.task_name(request.body)
-        if name == protocol.RESOURCE:
+        name = task_name(request.body)
+        if name is TaskName.RESOURCE:
             return self._resource()
-        if name == protocol.START:
+        if name is TaskName.START:
             return self._start(request)
-        if name in (protocol.DATA, protocol.CLOSE):
-            raise TaskError(
-                f"{name} must be sent to the control_queue named in the start reply, not the shared task queue",
-                {"message": "wrong queue"},
-            )
-        raise protocol.unknown_task(name)
+        raise Refusal.WRONG_QUEUE.error(
+            f"{name} must be sent to the control_queue named in the start reply, not the shared task queue"
+        )
 
     def _on_control_task(self, request: Request) -> dict[str, Any] | Reply:
-        name = protocol.task_name(request.body)
-        if name == protocol.RESOURCE:
+        name = task_name(request.body)
+        if name is TaskName.RESOURCE:
             return self._resource()
-        if name == protocol.DATA:
+        if name is TaskName.DATA:
             return self._data(request)
-        if name == protocol.CLOSE:
+        if name is TaskName.CLOSE:
             return self._close()
-        if name == protocol.START:
-            return self._start(request)
-        raise protocol.unknown_task(name)
+        return self._start(request)
 
     def _resource(self) -> dict[str, Any]:
         with self._lock:
             run = self._run
-        return {
+        return ResourceReply(
             **measured_resources(),
-            "worker_id": self.config.worker_id,
-            "control_queue": self.control_queue,
-            "busy": run is not None,
-            "task_id": run.task_id if run is not None else None,
-        }
+            worker_id=self.config.worker_id,
+            control_queue=self.control_queue,
+            busy=run is not None,
+            task_id=run.task_id if run is not None else None,
+        ).to_wire()
 
     def _start(self, request: Request) -> Reply:
-        start = StartTask.from_wire(request.body, path_policy=self.config.path_policy)
+        start = StartTask.from_wire(request.body)
+        self._check_policy_path(start)
         decl = self.names.metadata_decl(
             start.task_id,
             max_length=self.config.transport.metadata_queue_length,
@@ -156,9 +154,8 @@ class CollectorWorker:
         )
         with self._lock:
             if self._run is not None:
-                raise TaskError(
-                    f"worker {self.config.worker_id} is busy with task {self._run.task_id}",
-                    {"message": "worker busy", "task_id": self._run.task_id},
+                raise Refusal.WORKER_BUSY.error(
+                    f"worker {self.config.worker_id} is busy with task {self._run.task_id}", task_id=self._run.task_id
                 )
             envs = self._envs_for(start)  # may refuse the task (unknown env id): before pausing
             # Declared before replying, so the coordinator can read the stream at once.
@@ -186,18 +183,20 @@ class CollectorWorker:
             request.envelope.correlation_id,
             ", redelivered" if request.envelope.redelivered else "",
         )
-        result = {
-            "message": "collector task has started",
-            "worker_id": self.config.worker_id,
-            "task_id": start.task_id,
-            "control_queue": self.control_queue,
-            "metadata_queue": decl.name,
-        }
+        reply = StartReply(self.config.worker_id, start.task_id, self.control_queue, decl.name)
         # Nobody heard that we started: do not keep a task that no coordinator will close.
-        return Reply(result, on_failed=lambda: self._abandon(run))
+        return Reply(reply.to_wire(), on_failed=lambda: self._abandon(run))
+
+    def _check_policy_path(self, start: StartTask) -> None:
+        if start.cfg.policy_update_path is None:
+            return
+        try:
+            PolicyStore.check_name(self.config.path_policy, start.cfg.policy_update_path)
+        except UnsafePath as exc:
+            raise Refusal.UNSAFE_PATH.error(f"refused policy_update_path: {exc.message}") from None
 
     def _envs_for(self, start: StartTask) -> EnvBatch | None:
-        spec = start.spec
+        spec = start.cfg
         if spec.eval_flag:
             # Eval tasks measure fresh episodes on their own envs; check the env now all the same
             # (known id, flat Box observations, Discrete actions), so a bad one is refused at start.
@@ -212,49 +211,45 @@ class CollectorWorker:
         self._envs = envs
         return envs
 
-    def _current(self, name: str) -> CollectorRun:
+    def _current(self, name: TaskName) -> CollectorRun:
         with self._lock:
             run = self._run
         if run is None:
-            raise TaskError(
-                f"{name}: no collector task is running on worker {self.config.worker_id}",
-                {"message": "no running collector"},
+            raise Refusal.NO_RUNNING_COLLECTOR.error(
+                f"{name}: no collector task is running on worker {self.config.worker_id}"
             )
         return run
 
     def _data(self, request: Request) -> Reply:
-        run = self._current(protocol.DATA)
+        run = self._current(TaskName.DATA)
         delivery = request.link.get_one(run.metadata.name, self.config.data_wait_s)
         if delivery is None:
             if run.error is not None:
-                raise TaskError(f"collector task {run.task_id} failed: {run.error}", {"message": "collector failed"})
-            raise TaskError(
-                f"no metadata from task {run.task_id} within {self.config.data_wait_s:g} s",
-                {"message": "no data yet"},
-            )
+                raise Refusal.COLLECTOR_FAILED.error(f"collector task {run.task_id} failed: {run.error}")
+            raise Refusal.NO_DATA_YET.error(f"no metadata from task {run.task_id} within {self.config.data_wait_s:g} s")
         try:
             message = decode(delivery.envelope.body, max_bytes=self.config.transport.max_message_bytes)
         except DecodeError as exc:
             delivery.nack(requeue=False)
-            raise TaskError(f"undecodable metadata dead-lettered: {exc.message}", {"message": "bad metadata"}) from None
+            raise Refusal.BAD_METADATA.error(f"undecodable metadata dead-lettered: {exc.message}") from None
         if not isinstance(message, dict):
             delivery.nack(requeue=False)
-            raise TaskError("metadata that is not a map was dead-lettered", {"message": "bad metadata"})
+            raise Refusal.BAD_METADATA.error("metadata that is not a map was dead-lettered")
         message.update(task_id=run.task_id, buffer_id=run.start_task.buffer_id)
         # The item leaves the queue only once the reply carrying it is confirmed.
         return Reply(message, on_sent=delivery.ack, on_failed=lambda: delivery.nack(requeue=True))
 
     def _close(self) -> dict[str, Any]:
-        run = self._current(protocol.CLOSE)
+        run = self._current(TaskName.CLOSE)
         finish_info = self._release(run)
         logger.info("closed task %s", run.task_id)
-        return finish_info
+        return finish_info.to_wire()
 
     def _abandon(self, run: CollectorRun) -> None:
         logger.warning("the start reply of task %s was not delivered: stopping the task", run.task_id)
         self._release(run)
 
-    def _release(self, run: CollectorRun) -> dict[str, Any]:
+    def _release(self, run: CollectorRun) -> FinishInfo:
         finish_info = run.close(self.config.stop_grace_s)
         with self._lock:
             if self._run is run:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from messaging import MetadataPublisher
-from worker.collector.protocol import check_metadata
+from worker.protocol import DataItem, InfoItem
 from worker.storage import StepStore
 
 
@@ -25,18 +25,17 @@ class BrokerSink:
     def __init__(self, store: StepStore, publisher: MetadataPublisher, *, task_id: str, buffer_id: str) -> None:
         self.store = store
         self.publisher = publisher
-        self.ids = {"task_id": task_id, "buffer_id": buffer_id}
+        self.task_id = task_id
+        self.buffer_id = buffer_id
         self.files_written = 0
 
     def add_samples(self, env_id: int, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
         data_id = f"env_{env_id}_{uuid.uuid1().hex}"
-        metadata = {**meta, "data_id": data_id, **self.ids}
-        check_metadata(metadata)
+        item = DataItem(data_id=data_id, task_id=self.task_id, buffer_id=self.buffer_id, **meta)
         self.store.write(data_id, samples)
         self.files_written += 1
-        self.publisher.publish(metadata, headers={"kind": "data"})
+        self.publisher.publish(item.to_wire(), headers={"kind": "data"})
 
     def add_info(self, info: dict[str, Any]) -> None:
-        metadata = {**info, **self.ids}
-        check_metadata(metadata)
-        self.publisher.publish(metadata, headers={"kind": "info"})
+        item = InfoItem(task_id=self.task_id, buffer_id=self.buffer_id, **info)
+        self.publisher.publish(item.to_wire(), headers={"kind": "info"})

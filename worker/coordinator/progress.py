@@ -5,40 +5,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-
-@dataclass
-class RunStats:
-    """Counters of a run, updated by the coordinator as metadata and finish infos arrive."""
-
-    started_at: float = field(default_factory=time.monotonic)
-    env_steps: int = 0
-    samples: int = 0
-    episodes: int = 0
-    data_items: int = 0
-    tasks_done: int = 0
-    tasks_rerun: int = 0
-    evals: int = 0
-    last_eval: float | None = None
-    best_eval: float | None = None
-    policy_iter: int = 0
-    workers: set[str] = field(default_factory=set)
-    rate_window: list[tuple[float, int]] = field(default_factory=list)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started_at
-
-    def steps_per_s(self) -> float:
-        """Env steps per second over the last ~10 s."""
-        now = time.monotonic()
-        self.rate_window.append((now, self.env_steps))
-        while len(self.rate_window) > 2 and now - self.rate_window[0][0] > 10.0:
-            self.rate_window.pop(0)
-        (t0, s0), (t1, s1) = self.rate_window[0], self.rate_window[-1]
-        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+from worker.coordinator.stats import RunStats
 
 
 def _clock(seconds: float) -> str:

@@ -15,19 +15,19 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from messaging import BrokerConnectionError, BrokerLink, MetadataConsumer, MetadataItem, Names, Settings
-from worker.errors import StorageError
+from messaging import BrokerConnectionError, BrokerLink, MetadataConsumer, MetadataItem, Names
+from worker.config import LearnerConfig
+from worker.errors import MissingFile, StorageError, TaskError
+from worker.protocol import DataItem, read_metadata
 from worker.rl.dqn import DQNLearner, ReplayBuffer
 from worker.rl.envs import make_env
 from worker.rl.policy import limit_torch_threads
-from worker.run_config import RunConfig
-from worker.storage import PolicyStore, StepStore
+from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +35,6 @@ logger = logging.getLogger(__name__)
 _MAX_BATCH = 64
 #: data_ids remembered to skip redeliveries of data already learned from.
 _RECENT_IDS = 100_000
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    """What the learner process needs."""
-
-    transport: Settings = field(default_factory=Settings)
-    run: RunConfig = field(default_factory=RunConfig)
-    path_data: Path = Path("./data")
-    path_policy: Path = Path("./policy")
-    torch_threads: int = 1
 
 
 @dataclass
@@ -65,16 +54,16 @@ class Learner:
 
     def __init__(self, config: LearnerConfig, stop: threading.Event | None = None) -> None:
         self.config = config
-        self.run_cfg = config.run
+        self.job = config.job
         self.stop = stop or threading.Event()
         self.names = Names(config.transport.prefix)
         self.steps = StepStore(config.path_data)
         self.policies = PolicyStore(config.path_policy)
-        obs_dim, n_actions = _env_dims(self.run_cfg.env.id)
-        spec = self.run_cfg.learner
+        obs_dim, n_actions = _env_dims(self.job.env.id)
+        spec = self.job.learner
         self.buffer = ReplayBuffer(spec.replay_capacity, obs_dim, n_actions=n_actions)
-        self.learner = DQNLearner(spec, obs_dim, n_actions, seed=self.run_cfg.env.seed)
-        self.rng = np.random.default_rng(self.run_cfg.env.seed)
+        self.learner = DQNLearner(spec, obs_dim, n_actions, seed=self.job.env.seed)
+        self.rng = np.random.default_rng(self.job.env.seed)
         self.stats = LearnerStats()
         self._train_credit = 0.0
         self._recent: set[str] = set()
@@ -84,9 +73,12 @@ class Learner:
     def run(self) -> None:
         """Serve until ``stop`` is set."""
         limit_torch_threads(self.config.torch_threads)
-        queue_decl = self.names.learner_data_decl(self.run_cfg.coordinator.buffer_id)
+        queue_decl = self.names.learner_data_decl(self.job.coordinator.buffer_id)
         with BrokerLink(self.config.transport, "learner") as link:
             link.declare(queue_decl)
+            swept = self.steps.sweep_temp(STALE_TEMP_S) + self.policies.sweep_temp(STALE_TEMP_S)
+            if swept:
+                logger.info("removed %d temp files that crashed writers left behind", swept)
             self._resume_or_start()
             consumer = MetadataConsumer(link, queue_decl.name, prefetch=_MAX_BATCH)
             logger.info("learning from %s, writing %s", queue_decl.name, self.policies.path(self._policy_name))
@@ -132,7 +124,7 @@ class Learner:
 
     @property
     def _policy_name(self) -> str:
-        return self.run_cfg.coordinator.policy_name
+        return self.job.coordinator.policy_name
 
     def _take(self, consumer: MetadataConsumer, wait_s: float) -> None:
         for _ in range(_MAX_BATCH):
@@ -143,12 +135,15 @@ class Learner:
             self._ingest(item)
 
     def _ingest(self, item: MetadataItem) -> None:
-        message = item.message
-        data_id = message.get("data_id")
-        if not isinstance(data_id, str):
-            logger.warning("dead-lettering a learner message without data_id")
+        try:
+            metadata = read_metadata(item.message)
+            if not isinstance(metadata, DataItem):
+                raise TaskError("a collector info, not data metadata")
+        except TaskError as exc:
+            logger.warning("dead-lettering a learner message that is not data metadata: %s", exc.message)
             item.delivery.nack(requeue=False)
             return
+        data_id = metadata.data_id
         if data_id in self._recent:
             # A redelivery of something already learned from (at-least-once hand-over).
             self.stats.duplicates += 1
@@ -156,14 +151,14 @@ class Learner:
             return
         # A redelivered message may name a file this learner already consumed and deleted
         # before its ack was lost: do not wait for it to appear.
-        wait_s = 0.0 if item.redelivered else self.run_cfg.learner_process.read_wait_s
+        wait_s = 0.0 if item.redelivered else self.job.learner_process.read_wait_s
         try:
             chunk = self.steps.read(data_id, wait_s=wait_s)
             added = self.buffer.add(chunk.fields)
         except StorageError as exc:
             # Missing: already consumed (a duplicate delivery) or never written; corrupt: unusable.
             # Either way retrying cannot help, so the message is settled, and counted.
-            if "missing" in type(exc).__name__.lower():
+            if isinstance(exc, MissingFile):
                 self.stats.missing_files += 1
             else:
                 self.stats.corrupt_files += 1
@@ -173,9 +168,9 @@ class Learner:
         self._remember(data_id)
         self.stats.items += 1
         self.stats.samples += added
-        self._train_credit += added * self.run_cfg.learner.train_steps_per_sample
+        self._train_credit += added * self.job.learner.train_steps_per_sample
         item.ack()
-        if self.run_cfg.learner_process.delete_consumed:
+        if self.job.learner_process.delete_consumed:
             self.steps.delete(data_id)
 
     def _remember(self, data_id: str) -> None:
@@ -185,19 +180,19 @@ class Learner:
             self._recent.discard(self._recent_order.popleft())
 
     def _can_train(self) -> bool:
-        return len(self.buffer) >= self.run_cfg.learner.learning_starts and self._train_credit >= 1.0
+        return len(self.buffer) >= self.job.learner.learning_starts and self._train_credit >= 1.0
 
     def _train_some(self) -> None:
         # Train in short bursts so new data keeps flowing in between.
         burst = 0
         while self._can_train() and burst < 32 and not self.stop.is_set():
-            batch = self.buffer.sample(self.run_cfg.learner.batch_size, self.rng)
+            batch = self.buffer.sample(self.job.learner.batch_size, self.rng)
             metrics = self.learner.train_step(batch)
             self.stats.last_loss = metrics["loss"]
             self.stats.train_steps += 1
             self._train_credit -= 1.0
             burst += 1
-        if time.monotonic() - self._last_write >= self.run_cfg.learner_process.policy_write_interval_s and burst:
+        if time.monotonic() - self._last_write >= self.job.learner_process.policy_write_interval_s and burst:
             self._write_policy()
 
     def _write_policy(self) -> None:

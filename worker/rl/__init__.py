@@ -1,36 +1,8 @@
-"""Broker-free reinforcement-learning core: task config, envs, policies, the collector
-loop and the DQN learner.
+"""Broker-free reinforcement-learning core: envs, policies, the collector loop and the DQN learner.
 
-Nothing here imports pika or touches files: the worker wires these pieces to
-RabbitMQ and the shared volume through :class:`SampleSink` and :class:`PolicySource`.
+Nothing here talks to RabbitMQ or touches files: the roles wire these pieces to the
+broker and the shared volume through :class:`worker.rl.rollout.SampleSink` and
+:class:`worker.rl.rollout.PolicySource`. Import the submodules directly; this package
+imports nothing itself, so a process that needs only :mod:`worker.rl.config` (the
+coordinator) never loads torch.
 """
-
-from __future__ import annotations
-
-from worker.rl.config import CollectorSpec, EnvSpec, LearnerSpec, PolicySpec, epsilon_at
-from worker.rl.dqn import DQNLearner, ReplayBuffer
-from worker.rl.envs import EnvBatch, EnvStep, make_env
-from worker.rl.policy import DQNPolicy, QNetwork, RandomPolicy, limit_torch_threads, make_policy
-from worker.rl.rollout import PolicySnapshot, PolicySource, Rollout, SampleSink
-
-__all__ = [
-    "CollectorSpec",
-    "DQNLearner",
-    "DQNPolicy",
-    "EnvBatch",
-    "EnvSpec",
-    "EnvStep",
-    "LearnerSpec",
-    "PolicySnapshot",
-    "PolicySource",
-    "PolicySpec",
-    "QNetwork",
-    "RandomPolicy",
-    "ReplayBuffer",
-    "Rollout",
-    "SampleSink",
-    "epsilon_at",
-    "limit_torch_threads",
-    "make_env",
-    "make_policy",
-]

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-from worker.errors import TaskError
+from worker.protocol import Refusal
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -53,18 +53,18 @@ def make_env(env_id: str) -> gym.Env[Any, Any]:
             observation / ``Discrete`` action env that a Q-network can drive.
     """
     if env_id not in gym.registry:
-        raise TaskError(f"unknown env id {env_id!r}: not in the gymnasium registry")
+        raise Refusal.UNKNOWN_ENV.error(f"unknown env id {env_id!r}: not in the gymnasium registry")
     try:
         env = gym.make(env_id)
     except gym.error.Error as exc:
-        raise TaskError(f"cannot create env {env_id!r}: {exc}") from exc
+        raise Refusal.UNKNOWN_ENV.error(f"cannot create env {env_id!r}: {exc}") from exc
     obs_space, act_space = env.observation_space, env.action_space
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
         env.close()
-        raise TaskError(f"env {env_id!r} has observation space {obs_space}; a flat Box is required")
+        raise Refusal.UNSUPPORTED_ENV.error(f"env {env_id!r} has observation space {obs_space}; a flat Box is required")
     if not isinstance(act_space, gym.spaces.Discrete):
         env.close()
-        raise TaskError(f"env {env_id!r} has action space {act_space}; Discrete is required")
+        raise Refusal.UNSUPPORTED_ENV.error(f"env {env_id!r} has action space {act_space}; Discrete is required")
     return env
 
 

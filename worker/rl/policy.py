@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from worker.errors import CollectorError
-from worker.rl.config import PolicySpec
+from worker.protocol import PolicySpec
 
 ActionArray = npt.NDArray[np.int64]
 

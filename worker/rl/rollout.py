@@ -17,17 +17,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from worker.errors import CollectorError, PolicyUnavailable, StorageError, TaskError, UnsafePath
-from worker.rl.config import CollectorSpec
+from worker.protocol import CollectorSpec, FinishInfo
 from worker.rl.envs import EnvBatch, EnvStep
 from worker.rl.policy import DQNPolicy, RandomPolicy, limit_torch_threads, make_policy
+from worker.storage.policies import PolicySnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +44,6 @@ class SampleSink(Protocol):
     def add_info(self, info: dict[str, Any]) -> None:
         """Take a collector-info dict (sent after steps in which an episode ended)."""
         ...
-
-
-@dataclass(frozen=True)
-class PolicySnapshot:
-    """Learner weights together with the train iteration that produced them."""
-
-    state_dict: dict[str, torch.Tensor]
-    iter: int
 
 
 class PolicySource(Protocol):
@@ -105,10 +96,6 @@ def _failures_as(what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise CollectorError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _ratio(num: float, den: float) -> float:
-    return float(num / den) if den else 0.0
 
 
 class Rollout:
@@ -180,40 +167,26 @@ class Rollout:
         finally:
             self._ended_at = self._clock()
 
-    def finish_info(self) -> dict[str, Any]:
+    def finish_info(self) -> FinishInfo:
         """DI-engine's collector ``finish_info``: counters, timings and episode returns.
 
-        Safe to call at any time, from any thread; every value is a plain python type.
+        Safe to call at any time, from any thread.
         """
         spec = self._spec
         start = self._started_at
         end = self._ended_at if self._ended_at is not None else self._clock()
-        duration = float(end - start) if start is not None else 0.0
-        steps, samples, episodes = self._step_count, self._sample_count, self._episode_count
-        returns = list(self._returns)
-        info: dict[str, Any] = {
-            "eval_flag": spec.eval_flag,
-            "env_num": spec.env.env_num,
-            "duration": duration,
-            "train_iter": self._policy_iter,
-            "collector_done": self._collector_done,
-            "predefined_episode_count": spec.env.env_num * (spec.n_episode or 0),
-            "real_episode_count": episodes,
-            "step_count": steps,
-            "sample_count": samples,
-            "avg_time_per_episode": _ratio(duration, episodes),
-            "avg_time_per_step": _ratio(duration, steps),
-            "avg_time_per_train_sample": _ratio(duration, samples),
-            "avg_step_per_episode": _ratio(steps, episodes),
-            "avg_sample_per_episode": _ratio(samples, episodes),
-            "reward_mean": float(np.mean(returns)) if returns else 0.0,
-            "reward_std": float(np.std(returns)) if returns else 0.0,
-            "reward_raw": returns,
-            "finish_time": time.time(),
-        }
-        if not spec.eval_flag:
-            info["collect_setting"] = dict(spec.collect_setting or {})
-        return info
+        return FinishInfo.measured(
+            eval_flag=spec.eval_flag,
+            env_num=spec.env.env_num,
+            duration=float(end - start) if start is not None else 0.0,
+            train_iter=self._policy_iter,
+            collector_done=self._collector_done,
+            predefined_episode_count=spec.env.env_num * (spec.n_episode or 0),
+            steps=self._step_count,
+            samples=self._sample_count,
+            returns=list(self._returns),
+            collect_setting=None if spec.eval_flag else dict(spec.collect_setting or {}),
+        )
 
     # -- setup -----------------------------------------------------------------------
 

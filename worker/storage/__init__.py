@@ -8,6 +8,7 @@ their root, files are published atomically, and readers turn anything malformed 
 from __future__ import annotations
 
 from worker.storage.paths import (
+    STALE_TEMP_S,
     FileStamp,
     atomic_write,
     check_data_id,
@@ -18,6 +19,7 @@ from worker.storage.policies import PolicySnapshot, PolicyStore
 from worker.storage.steps import STEP_KIND, SampleChunk, StepStore
 
 __all__ = [
+    "STALE_TEMP_S",
     "STEP_KIND",
     "FileStamp",
     "PolicySnapshot",

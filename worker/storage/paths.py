@@ -271,6 +271,11 @@ def stat_stamp(path: Path) -> FileStamp | None:
     return FileStamp(info.st_mtime_ns, info.st_size, info.st_ino)
 
 
+#: A temp file untouched for this long belongs to a writer that died mid-write: any live
+#: write (even of a 500 MB chunk to a slow network volume) finishes far sooner.
+STALE_TEMP_S: Final = 600.0
+
+
 def sweep_temp_files(directory: Path, *, older_than_s: float) -> int:
     """Remove temp files in ``directory`` not modified for ``older_than_s`` seconds.
 

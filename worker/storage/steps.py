@@ -142,14 +142,6 @@ class StepStore:
         body = self._wait_for(path, data_id, wait_s)
         return _parse_chunk(path, data_id, body, self._max_file_bytes)
 
-    def exists(self, data_id: str) -> bool:
-        """Whether ``data_id``'s file is present now (no waiting).
-
-        Raises:
-            UnsafePath: ``data_id`` is not a plain name or would leave the root.
-        """
-        return self.path(data_id).is_file()
-
     def delete(self, data_id: str) -> bool:
         """Delete ``data_id``'s file; deleting a missing file is fine.
 

@@ -1,6 +1,7 @@
-"""The training job's configuration: env, policy, collector, learner and coordinator.
+"""The job: what one training run does (env, policy, collector, learner and coordinator).
 
-One typed, frozen object, read from an optional TOML file and overridden by flags. The
+One typed, frozen :class:`JobConfig`, read from an optional TOML file (or the JSON
+``job.json`` that ``warren run`` writes into its workdir) and overridden by flags. The
 defaults are the shipped CartPole-v1 DQN job. A file looks like::
 
     [env]
@@ -19,6 +20,7 @@ Unknown sections or keys are errors, so a typo never silently falls back to a de
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 
 from messaging import ConfigurationError
 from worker.errors import TaskError
+from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.config import LearnerSpec
 
 
@@ -86,7 +89,7 @@ class LearnerSection:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class JobConfig:
     """Everything the CartPole-style DQN job needs, shared by coordinator and learner."""
 
     env: EnvSection = field(default_factory=EnvSection)
@@ -96,8 +99,9 @@ class RunConfig:
     learner: LearnerSpec = field(default_factory=LearnerSpec)
 
     @classmethod
-    def load(cls, path: Path | None = None, **overrides: Any) -> RunConfig:
-        """Defaults, then the TOML file at ``path``, then ``overrides`` (``"section.key": value``).
+    def load(cls, path: Path | None = None, **overrides: Any) -> JobConfig:
+        """Defaults, then the file at ``path`` (TOML, or JSON if it ends in ``.json``), then
+        ``overrides`` (``"section.key": value``).
 
         Raises:
             ConfigurationError: unreadable file, unknown section or key, wrong type or range.
@@ -105,9 +109,12 @@ class RunConfig:
         data: dict[str, dict[str, Any]] = {}
         if path is not None:
             try:
-                raw = tomllib.loads(Path(path).read_text())
-            except (OSError, tomllib.TOMLDecodeError) as exc:
+                text = Path(path).read_text()
+                raw = json.loads(text) if Path(path).suffix == ".json" else tomllib.loads(text)
+            except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
                 raise ConfigurationError(f"cannot read config {path}: {exc}") from None
+            if not isinstance(raw, dict):
+                raise ConfigurationError(f"{path}: the top level must be a table of sections")
             for section, values in raw.items():
                 if not isinstance(values, dict):
                     raise ConfigurationError(f"{path}: [{section}] must be a table")
@@ -120,7 +127,7 @@ class RunConfig:
         return cls.from_dict(data)
 
     @classmethod
-    def from_dict(cls, data: dict[str, dict[str, Any]]) -> RunConfig:
+    def from_dict(cls, data: dict[str, dict[str, Any]]) -> JobConfig:
         sections: dict[str, Any] = {}
         types: dict[str, Any] = {
             "env": EnvSection,
@@ -146,30 +153,30 @@ class RunConfig:
                 raise ConfigurationError(f"[{name}]: {getattr(exc, 'message', exc)}") from None
         return cls(**sections)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_json(self) -> str:
+        """The job as ``job.json``: :meth:`load` reads it back to an equal config."""
+        return json.dumps(dataclasses.asdict(self), indent=2, default=list)
 
     # -- task bodies ----------------------------------------------------------------
 
-    def collect_cfg(self, eps: float) -> dict[str, Any]:
+    def collect_spec(self, eps: float) -> CollectorSpec:
         """``collector_cfg`` of a collect task exploring with ``eps``."""
-        return {
-            "env": {"id": self.env.id, "env_num": self.env.collector_env_num, "seed": self.env.seed},
-            "policy": {"type": "dqn", "hidden_sizes": list(self.learner.hidden_sizes)},
-            "n_sample": self.collector.n_sample,
-            "traj_len": self.collector.traj_len,
-            "collect_setting": {"eps": eps},
-            "policy_update_path": self.coordinator.policy_name,
-            "update_policy_second": self.collector.update_policy_second,
-            "eval_flag": False,
-        }
+        return CollectorSpec(
+            env=EnvSpec(self.env.id, self.env.collector_env_num, self.env.seed),
+            policy=PolicySpec("dqn", self.learner.hidden_sizes),
+            n_sample=self.collector.n_sample,
+            traj_len=self.collector.traj_len,
+            eps=eps,
+            policy_update_path=self.coordinator.policy_name,
+            update_policy_second=self.collector.update_policy_second,
+        )
 
-    def eval_cfg(self) -> dict[str, Any]:
+    def eval_spec(self) -> CollectorSpec:
         """``collector_cfg`` of an eval task: greedy, fresh episodes, no step data."""
-        return {
-            "env": {"id": self.env.id, "env_num": self.env.evaluator_env_num, "seed": self.env.seed + 10_000},
-            "policy": {"type": "dqn", "hidden_sizes": list(self.learner.hidden_sizes)},
-            "n_episode": self.env.eval_episodes,
-            "policy_update_path": self.coordinator.policy_name,
-            "eval_flag": True,
-        }
+        return CollectorSpec(
+            env=EnvSpec(self.env.id, self.env.evaluator_env_num, self.env.seed + 10_000),
+            policy=PolicySpec("dqn", self.learner.hidden_sizes),
+            n_episode=self.env.eval_episodes,
+            policy_update_path=self.coordinator.policy_name,
+            eval_flag=True,
+        )

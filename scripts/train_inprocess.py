@@ -1,12 +1,16 @@
-"""Throw-away check that the shipped DQN defaults learn CartPole-v1, in one process.
+"""warren's training loop in one process, without a broker: the quickest way to try DQN settings.
 
-Alternates collect tasks (a :class:`Rollout` whose sink fills the replay buffer and
-whose policy source is the learner itself) with train steps at the spec's replay
-ratio, and runs a greedy eval task (1 episode on each of 5 envs) every
-``--eval-every`` env steps until ``reward_mean >= --target``.
+The distributed job spreads this loop over processes (collectors, learner, coordinator);
+here the same pieces of :mod:`worker.rl` run in turn: a collect task (a :class:`Rollout`
+whose sink fills the replay buffer and whose policy source is the learner itself), then
+train steps at the spec's replay ratio, and every ``--eval-every`` env steps a greedy
+eval task (1 episode on each of 5 envs), until the eval return reaches ``--target``.
+One JSON line per seed: solved or not, env steps, train steps, seconds, the last evals.
 
-    python scripts/dev_train_inprocess.py --seeds 0 1 2
-    python scripts/dev_train_inprocess.py --set lr=5e-4 --set target_update_interval=250
+    python scripts/train_inprocess.py --seeds 0 1 2
+    python scripts/train_inprocess.py --set lr=5e-4 --set target_update_interval=250
+
+``tests/unit/test_train_inprocess.py`` runs it with a small budget.
 """
 
 from __future__ import annotations
@@ -21,18 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from worker.rl import (
-    CollectorSpec,
-    DQNLearner,
-    EnvBatch,
-    EnvSpec,
-    LearnerSpec,
-    PolicySnapshot,
-    PolicySpec,
-    ReplayBuffer,
-    Rollout,
-    limit_torch_threads,
-)
+from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
+from worker.rl.config import LearnerSpec
+from worker.rl.dqn import DQNLearner, ReplayBuffer
+from worker.rl.envs import EnvBatch
+from worker.rl.policy import limit_torch_threads
+from worker.rl.rollout import Rollout
+from worker.storage import PolicySnapshot
 
 ENV_ID = "CartPole-v1"
 
@@ -78,7 +77,7 @@ def evaluate(source: LearnerSource, hidden: tuple[int, ...], seed: int) -> float
     )
     rollout = Rollout(spec, ReplaySink(ReplayBuffer(1, 4)), source, stop=threading.Event())
     rollout.run()
-    return float(rollout.finish_info()["reward_mean"])
+    return float(rollout.finish_info().reward_mean)
 
 
 def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,7 +132,7 @@ def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, A
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--env-num", type=int, default=8)
@@ -146,7 +145,7 @@ def main() -> None:
     parser.add_argument("--fresh-envs", dest="persistent_envs", action="store_false")
     parser.add_argument("--set", action="append", default=[], help="LearnerSpec override, key=value (JSON value)")
     parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     overrides = {}
     for item in args.set:
         key, _, value = item.partition("=")

@@ -5,23 +5,23 @@ from pathlib import Path
 import pytest
 
 from messaging import ConfigurationError
-from worker.rl.config import CollectorSpec
-from worker.run_config import RunConfig
+from worker.job import JobConfig
+from worker.protocol import CollectorSpec
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.toml"
 
 
 def test_the_shipped_config_file_spells_out_the_defaults() -> None:
-    assert RunConfig.load(SHIPPED) == RunConfig()
+    assert JobConfig.load(SHIPPED) == JobConfig()
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
     path.write_text("[env]\nstop_value = 100.0\n[learner]\nlr = 0.0005\n")
-    config = RunConfig.load(path, **{"env.stop_value": 150.0, "coordinator.collect_tasks": None})
+    config = JobConfig.load(path, **{"env.stop_value": 150.0, "coordinator.collect_tasks": None})
     assert config.env.stop_value == 150.0
     assert config.learner.lr == 0.0005
-    assert config.coordinator.collect_tasks == RunConfig().coordinator.collect_tasks
+    assert config.coordinator.collect_tasks == JobConfig().coordinator.collect_tasks
 
 
 @pytest.mark.parametrize(
@@ -37,12 +37,12 @@ def test_mistakes_in_a_config_file_are_configuration_errors(tmp_path: Path, text
     path = tmp_path / "job.toml"
     path.write_text(text)
     with pytest.raises(ConfigurationError, match=match):
-        RunConfig.load(path)
+        JobConfig.load(path)
 
 
 def test_task_bodies_are_valid_collector_configs() -> None:
-    config = RunConfig()
-    collect = CollectorSpec.from_wire(config.collect_cfg(0.25))
+    config = JobConfig()
+    collect = CollectorSpec.from_wire(config.collect_spec(0.25).to_wire())
     assert collect.eps == 0.25 and not collect.eval_flag and collect.n_sample == config.collector.n_sample
-    evaluation = CollectorSpec.from_wire(config.eval_cfg())
+    evaluation = CollectorSpec.from_wire(config.eval_spec().to_wire())
     assert evaluation.eval_flag and evaluation.n_episode == config.env.eval_episodes

@@ -1,0 +1,141 @@
+"""An in-memory stand-in for the coordinator's broker operations (``CoordinatorBus``).
+
+It records what the coordinator sends and lets a test play the workers: answer a start
+request, put items on a task's metadata stream, make a worker's control queue vanish.
+Items carry real :class:`~messaging.Delivery` objects whose settlement is recorded.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from messaging import Delivery, Envelope, MetadataItem, QueueDecl, QueueNotFound, RemoteError, encode
+from worker.protocol import StartReply, StartTask, TaskName
+
+
+@dataclass
+class Sent:
+    queue: str
+    body: dict[str, Any]
+    correlation_id: str
+    timeout_s: float
+
+
+class FakeStream:
+    def __init__(self, bus: FakeBus, queue: str) -> None:
+        self.bus = bus
+        self.queue = queue
+        self.closed = False
+
+    def get(self, timeout_s: float) -> MetadataItem | None:
+        pending = self.bus.queues.get(self.queue)
+        if self.closed or not pending:
+            return None
+        body = pending.popleft()
+        message = self.bus.decoded[body]
+        return MetadataItem(message, Delivery(Envelope(body, self.queue), self.bus.settler(self.queue, message)))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeBus:
+    """The coordinator's side of the broker, in memory."""
+
+    idle_workers: int = 0
+    sent: list[Sent] = field(default_factory=list)
+    replies: dict[str, dict[str, Any] | RemoteError] = field(default_factory=dict)
+    abandoned: list[str] = field(default_factory=list)
+    queues: dict[str, collections.deque[bytes]] = field(default_factory=dict)
+    decoded: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    alive: set[str] = field(default_factory=set)
+    forwarded: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    settled: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    """(queue, "ack" | "requeue" | "dead-letter", message) in settlement order."""
+    deleted: list[str] = field(default_factory=list)
+    declared: list[str] = field(default_factory=list)
+    closed: bool = False
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    # -- CoordinatorBus -------------------------------------------------------------
+
+    def open(self, *decls: QueueDecl) -> None:
+        self.declared += [d.name for d in decls]
+
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
+        if queue.count(".control.") and queue not in self.alive:
+            raise QueueNotFound(f"no queue {queue}")
+        correlation_id = f"c{next(self._ids)}"
+        self.sent.append(Sent(queue, body, correlation_id, timeout_s))
+        return correlation_id
+
+    def poll(self, correlation_id: str) -> dict[str, Any] | None:
+        reply = self.replies.pop(correlation_id, None)
+        if isinstance(reply, RemoteError):
+            raise reply
+        return reply
+
+    def abandon(self, correlation_id: str) -> None:
+        self.abandoned.append(correlation_id)
+
+    def stream(self, queue: str) -> FakeStream:
+        if queue not in self.queues:
+            raise QueueNotFound(f"no queue {queue}")
+        return FakeStream(self, queue)
+
+    def forward(self, queue: str, body: bytes) -> None:
+        self.forwarded.append((queue, self.decoded[body]))
+
+    def consumers(self, queue: str) -> int:
+        return self.idle_workers
+
+    def exists(self, queue: str) -> bool:
+        return queue in self.alive or queue in self.queues
+
+    def depth(self, queue: str) -> int:
+        return len(self.queues.get(queue, ()))
+
+    def delete(self, queue: str) -> None:
+        self.queues.pop(queue, None)
+        self.deleted.append(queue)
+
+    def wait(self, seconds: float) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- playing the workers --------------------------------------------------------
+
+    def settler(self, queue: str, message: dict[str, Any]) -> Any:
+        def settle(ack: bool, requeue: bool) -> None:
+            outcome = "ack" if ack else "requeue" if requeue else "dead-letter"
+            self.settled.append((queue, outcome, message))
+
+        return settle
+
+    def starts(self) -> list[Sent]:
+        """Start requests sent so far, oldest first."""
+        return [s for s in self.sent if s.body.get("name") == TaskName.START.value]
+
+    def accept(self, sent: Sent, worker_id: str) -> StartReply:
+        """A worker takes the start request: its control queue and the task's metadata queue exist."""
+        task = StartTask.from_wire(sent.body)
+        reply = StartReply(worker_id, task.task_id, f"p.collector.control.{worker_id}", f"p.metadata.{task.task_id}")
+        self.alive.add(reply.control_queue)
+        self.queues.setdefault(reply.metadata_queue, collections.deque())
+        self.replies[sent.correlation_id] = reply.to_wire()
+        return reply
+
+    def refuse(self, sent: Sent, code: str) -> None:
+        self.replies[sent.correlation_id] = RemoteError(f"refused: {code}", {"message": code})
+
+    def push(self, queue: str, message: dict[str, Any]) -> None:
+        """A worker publishes one metadata item."""
+        body = encode({"n": next(self._ids)})  # distinct bytes per item; the message is kept beside
+        self.decoded[body] = message
+        self.queues[queue].append(body)

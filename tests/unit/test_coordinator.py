@@ -1,0 +1,342 @@
+"""The coordinator's decisions, with an in-memory bus in place of the broker (tests/fake_bus.py).
+
+The real-broker tests (tests/integration/test_job.py, tests/faults/) run the same code
+against RabbitMQ and real workers; these pin down what it decides, turn by turn.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messaging import Settings
+from tests.fake_bus import FakeBus, Sent
+from worker.config import CoordinatorConfig
+from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
+from worker.coordinator.loop import Coordinator
+from worker.coordinator.stats import RunStats
+from worker.coordinator.task import Kind, State
+from worker.job import JobConfig
+from worker.protocol import DataItem, FinishInfo, InfoItem, Refusal, StartTask, TaskName
+
+PREFIX = "p"
+
+
+def make(tmp_path: Path, *, idle: int = 1, collect_tasks: int = 0, **coordinator: Any) -> tuple[Coordinator, FakeBus]:
+    settings = {"collect_tasks": collect_tasks, "eval_interval_s": 3600.0, **coordinator}
+    job = JobConfig.load(None, **{f"coordinator.{k}": v for k, v in settings.items()})
+    config = CoordinatorConfig(
+        transport=Settings(prefix=PREFIX), job=job, run_log=tmp_path / "run.jsonl", progress="off"
+    )
+    bus = FakeBus(idle_workers=idle)
+    coordinator_ = Coordinator(config, bus=bus)
+    bus.open()
+    coordinator_._idle_workers = idle
+    return coordinator_, bus
+
+
+def data(task_id: str, n: int, *, steps: int, policy_iter: int = 3) -> dict[str, Any]:
+    return DataItem(
+        data_id=f"env_0_{task_id}_{n}",
+        policy_iter=policy_iter,
+        unroll_len=8,
+        env_id=0,
+        cur_episode=0,
+        cur_sample=8 * n,
+        cur_step=steps,
+        task_id=task_id,
+        buffer_id="main",
+    ).to_wire()
+
+
+def info(task_id: str, *, steps: int, done: bool = False, **extra: Any) -> dict[str, Any]:
+    return InfoItem(
+        collector_done=done, cur_episode=1, cur_sample=steps, cur_step=steps, task_id=task_id, **extra
+    ).to_wire()
+
+
+def started(bus: FakeBus, coordinator: Coordinator, worker: str = "w1") -> tuple[Sent, str]:
+    """Run a turn, accept the newest start request on ``worker``; returns it and its metadata queue."""
+    coordinator.turn()
+    sent = bus.starts()[-1]
+    reply = bus.accept(sent, worker)
+    coordinator.turn()
+    return sent, reply.metadata_queue
+
+
+def records(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_one_collect_task_is_started_per_idle_worker(tmp_path: Path) -> None:
+    # Given three workers listening on the task queue
+    coordinator, bus = make(tmp_path, idle=3)
+    # When the coordinator runs a turn
+    coordinator.turn()
+    # Then it sent three valid collect tasks to the shared queue, no more
+    starts = bus.starts()
+    assert len(starts) == 3
+    assert {s.queue for s in starts} == {"p.collector.tasks"}
+    tasks = [StartTask.from_wire(s.body) for s in starts]
+    assert all(t.cfg.n_sample and not t.cfg.eval_flag for t in tasks)
+    coordinator.turn()
+    assert len(bus.starts()) == 3
+
+
+def test_a_fixed_number_of_collect_tasks_ignores_the_worker_count(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=5, collect_tasks=2)
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+
+
+def test_data_is_forwarded_to_the_learner_before_its_stream_item_is_acked(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    # When the worker publishes two data items and an info
+    bus.push(queue, data(task_id, 1, steps=8))
+    bus.push(queue, data(task_id, 2, steps=16, policy_iter=5))
+    bus.push(queue, info(task_id, steps=16))
+    coordinator.turn()
+    # Then both data items went to the learner, in order, and every item was acked
+    assert [m["data_id"] for q, m in bus.forwarded if q == "p.learner.main"] == [
+        f"env_0_{task_id}_1",
+        f"env_0_{task_id}_2",
+    ]
+    assert [outcome for _, outcome, _ in bus.settled] == ["ack", "ack", "ack"]
+    stats = coordinator.stats
+    assert (stats.samples, stats.data_items, stats.env_steps, stats.policy_iter) == (16, 2, 16, 5)
+
+
+def test_repeated_counters_are_counted_once(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, info(task_id, steps=40))
+    bus.push(queue, info(task_id, steps=40))  # a redelivery
+    bus.push(queue, info(task_id, steps=30))  # an older one, late
+    coordinator.turn()
+    assert coordinator.stats.env_steps == 40
+    assert coordinator.stats.episodes == 1
+
+
+def test_malformed_metadata_is_dead_lettered_and_the_task_goes_on(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, {"hello": "world"})
+    bus.push(queue, {**data(task_id, 1, steps=8), "cur_step": "many"})
+    bus.push(queue, data(task_id, 2, steps=8))
+    coordinator.turn()
+    assert [outcome for _, outcome, _ in bus.settled] == ["dead-letter", "dead-letter", "ack"]
+    assert len(bus.forwarded) == 1
+    assert task_id in coordinator.driver.tasks
+
+
+def test_collector_done_closes_the_task_and_logs_its_finish_info(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, info(task_id, steps=256, done=True))
+    coordinator.turn()
+    close = bus.sent[-1]
+    assert close.queue == "p.collector.control.w1" and close.body == {"name": TaskName.CLOSE.value}
+    finish = FinishInfo.measured(
+        eval_flag=False,
+        env_num=4,
+        duration=1.0,
+        train_iter=7,
+        collector_done=True,
+        predefined_episode_count=0,
+        steps=256,
+        samples=256,
+        returns=[20.0],
+    )
+    bus.replies[close.correlation_id] = finish.to_wire()
+    coordinator.turn()
+    # Then the task is done, its metadata queue deleted, and a new one took its slot
+    assert task_id not in coordinator.driver.tasks
+    assert queue in bus.deleted
+    (record,) = records(tmp_path, "task")
+    assert record["task_id"] == task_id and record["step_count"] == 256 and "reward_raw" not in record
+    assert coordinator.stats.tasks_done == 1
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+
+
+def test_an_eval_reaching_the_stop_value_ends_the_run(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=0.0)
+    coordinator.turn()
+    evals = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag]
+    assert len(evals) == 1
+    reply = bus.accept(evals[0], "w9")
+    coordinator.turn()
+    task_id = reply.task_id
+    bus.push(reply.metadata_queue, info(task_id, steps=1000, done=True))
+    coordinator.turn()
+    finish = FinishInfo.measured(
+        eval_flag=True,
+        env_num=5,
+        duration=2.0,
+        train_iter=99,
+        collector_done=True,
+        predefined_episode_count=5,
+        steps=1000,
+        samples=0,
+        returns=[200.0] * 5,
+    )
+    bus.replies[bus.sent[-1].correlation_id] = finish.to_wire()
+    coordinator.turn()
+    assert coordinator.success and coordinator._finished()
+    assert coordinator.stats.best_eval == 200.0
+    (record,) = records(tmp_path, "eval")
+    assert record["reward_mean"] == 200.0 and record["train_iter"] == 99
+
+
+def test_a_busy_worker_refusal_frees_the_slot_for_a_new_task(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    first = bus.starts()[0]
+    bus.refuse(first, Refusal.WORKER_BUSY.value)
+    coordinator.turn()
+    assert coordinator.stats.tasks_rerun == 1
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+    assert StartTask.from_wire(bus.starts()[1].body).task_id != StartTask.from_wire(first.body).task_id
+
+
+def test_a_permanent_refusal_is_not_counted_as_a_rerun(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    bus.refuse(bus.starts()[0], Refusal.UNKNOWN_ENV.value)
+    coordinator.turn()
+    assert coordinator.stats.tasks_rerun == 0
+
+
+def test_a_start_nobody_took_is_sent_again_after_its_deadline(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1, start_timeout_s=0.001)
+    coordinator.driver.timeouts = type(coordinator.driver.timeouts)(0.001, 30.0, 60.0, start_grace_s=0.0)
+    coordinator.turn()
+    first = bus.starts()[0]
+    time.sleep(0.01)  # past the deadline
+    coordinator.turn()
+    assert first.correlation_id in bus.abandoned
+    assert len(bus.starts()) == 2
+    # the same task, sent again
+    assert bus.starts()[1].body == first.body
+
+
+def test_a_worker_gone_on_two_checks_gets_its_task_rerun_keeping_its_data(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, data(task_id, 1, steps=8))
+    # When the worker's control queue vanishes (its connection died)
+    bus.alive.clear()
+    coordinator.driver.check_liveness()
+    assert task_id in coordinator.driver.tasks  # one miss could be a reconnect
+    coordinator.driver.check_liveness()
+    # Then what it published was forwarded, and the task is re-run
+    assert [m["data_id"] for _, m in bus.forwarded] == [f"env_0_{task_id}_1"]
+    assert task_id not in coordinator.driver.tasks
+    assert coordinator.stats.tasks_rerun == 1
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+
+
+def test_an_aborted_task_is_run_elsewhere(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, info(task_id, steps=8, aborted=True))
+    coordinator.turn()
+    assert task_id not in coordinator.driver.tasks
+    assert coordinator.stats.tasks_rerun == 1
+
+
+def test_a_silent_task_is_closed(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, _queue = started(bus, coordinator)
+    task = coordinator.driver.tasks[StartTask.from_wire(sent.body).task_id]
+    task.last_heard -= coordinator.job.coordinator.task_silence_s + 1
+    coordinator.driver.check_liveness()
+    assert task.state is State.CLOSING
+    assert bus.sent[-1].body == {"name": TaskName.CLOSE.value}
+
+
+def test_a_close_to_a_vanished_worker_completes_the_task_from_its_last_info(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.alive.clear()
+    bus.push(queue, info(task_id, steps=256, done=True))
+    coordinator.turn()
+    (record,) = records(tmp_path, "task")
+    assert record["task_id"] == task_id and record["cur_step"] == 256
+
+
+def test_shutdown_closes_running_tasks_and_gives_up_starting_ones(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1, eval_interval_s=0.0)
+    coordinator.turn()
+    collect, _eval = bus.starts()
+    bus.accept(collect, "w1")  # the collect task runs; the eval task is still starting
+    coordinator.turn()
+    starting = [t for t in coordinator.driver.tasks.values() if t.state is State.STARTING]
+    assert [t.kind for t in starting] == [Kind.EVAL]
+    coordinator.driver.close_all()
+    assert starting[0].correlation_id in bus.abandoned
+    assert [t.state for t in coordinator.driver.tasks.values()] == [State.CLOSING]
+
+
+def test_a_checkpoint_restores_the_counters_and_the_running_tasks(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, data(task_id, 1, steps=8))
+    bus.push(queue, info(task_id, steps=24))
+    coordinator.turn()
+    coordinator.stats.record_eval(150.0)
+    record = json.loads(json.dumps(checkpoint_record(coordinator.stats, coordinator.driver.tasks.values(), 7)))
+
+    stats = RunStats()
+    seq, tasks = restore(record, stats)
+
+    assert seq > 7
+    assert stats.to_record() | {"elapsed_s": 0} == coordinator.stats.to_record() | {"elapsed_s": 0}
+    (task,) = tasks
+    assert (task.task_id, task.state, task.metadata_queue, task.steps_counted) == (task_id, State.RUNNING, queue, 24)
+
+
+def test_a_restarted_coordinator_resumes_from_the_run_log(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)  # writes a checkpoint when the task runs
+    task_id = StartTask.from_wire(sent.body).task_id
+    assert last_checkpoint(tmp_path / "run.jsonl") is not None
+
+    again = Coordinator(coordinator.config, bus=bus)
+    again._resume(last_checkpoint(tmp_path / "run.jsonl") or {})
+
+    assert list(again.driver.tasks) == [task_id]
+    bus.push(queue, data(task_id, 1, steps=8))
+    again.turn()
+    assert len(bus.forwarded) == 1
+
+
+@pytest.mark.parametrize("refusal", list(Refusal))
+def test_every_refusal_code_says_whether_retrying_can_help(refusal: Refusal) -> None:
+    transient = {
+        Refusal.WORKER_BUSY,
+        Refusal.NO_DATA_YET,
+        Refusal.NO_RUNNING_COLLECTOR,
+        Refusal.COLLECTOR_FAILED,
+        Refusal.WRONG_QUEUE,
+        Refusal.BAD_REQUEST,
+        Refusal.INTERNAL_ERROR,
+        Refusal.BAD_METADATA,
+    }
+    assert refusal.permanent is (refusal not in transient)

@@ -1,0 +1,137 @@
+"""The few broker operations the coordinator makes, behind one small interface.
+
+:class:`CoordinatorBus` is what the coordinator's rooms call; :class:`BrokerBus` is the
+real thing on one :class:`~messaging.BrokerLink` and an :class:`~messaging.RpcClient`
+sharing it (the coordinator is one thread). Unit tests give the coordinator an in-memory
+bus instead, so its decisions are tested without a broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from messaging import BrokerLink, MetadataConsumer, MetadataItem, QueueDecl, RpcClient, Settings
+
+#: Stream items a task's reader holds unacked (the coordinator acks each once handled).
+STREAM_PREFETCH = 64
+
+
+class MetadataStream(Protocol):
+    """A task's metadata queue, read in order with manual acks."""
+
+    def get(self, timeout_s: float) -> MetadataItem | None:
+        """The next item, or ``None`` after ``timeout_s`` without one."""
+        ...
+
+    def close(self) -> None:
+        """Stop reading; unacked items go back to the queue."""
+        ...
+
+
+class CoordinatorBus(Protocol):
+    """Sending tasks, reading replies and streams, forwarding data, looking at queues."""
+
+    def open(self, *decls: QueueDecl) -> None:
+        """Connect and declare the queues the coordinator relies on."""
+        ...
+
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
+        """Publish a request (expiring after ``timeout_s``); returns its correlation id.
+
+        Raises:
+            QueueNotFound: nobody serves ``queue`` (a dead worker's control queue).
+        """
+        ...
+
+    def poll(self, correlation_id: str) -> dict[str, Any] | None:
+        """The reply's result if it arrived, else ``None``; never blocks.
+
+        Raises:
+            RemoteError: the worker refused the request.
+        """
+        ...
+
+    def abandon(self, correlation_id: str) -> None:
+        """Give up on a request: a late reply is dropped."""
+        ...
+
+    def stream(self, queue: str) -> MetadataStream:
+        """Start reading a task's metadata queue.
+
+        Raises:
+            QueueNotFound: the queue does not exist.
+        """
+        ...
+
+    def forward(self, queue: str, body: bytes) -> None:
+        """Publish ``body`` persistently to ``queue`` and wait for the broker's confirm."""
+        ...
+
+    def consumers(self, queue: str) -> int:
+        """Consumers attached to ``queue`` (0 if it does not exist)."""
+        ...
+
+    def exists(self, queue: str) -> bool:
+        """Whether ``queue`` exists (also another connection's exclusive queue)."""
+        ...
+
+    def depth(self, queue: str) -> int:
+        """Ready messages in ``queue`` (0 if it does not exist)."""
+        ...
+
+    def delete(self, queue: str) -> None:
+        """Delete ``queue`` and its messages; fine if it is gone already."""
+        ...
+
+    def wait(self, seconds: float) -> None:
+        """Let the connection work for up to ``seconds`` (replies, deliveries, heartbeats)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class BrokerBus:
+    """:class:`CoordinatorBus` on one broker link of the coordinator's thread."""
+
+    def __init__(self, settings: Settings, role: str = "coordinator") -> None:
+        self.link = BrokerLink(settings, role)
+        self.client = RpcClient(settings, role, link=self.link)
+
+    def open(self, *decls: QueueDecl) -> None:
+        self.link.open()
+        for decl in decls:
+            self.link.declare(decl)
+
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
+        return self.client.send(queue, body, timeout_s=timeout_s)
+
+    def poll(self, correlation_id: str) -> dict[str, Any] | None:
+        return self.client.poll(correlation_id)
+
+    def abandon(self, correlation_id: str) -> None:
+        self.client.abandon(correlation_id)
+
+    def stream(self, queue: str) -> MetadataStream:
+        return MetadataConsumer(self.link, queue, prefetch=STREAM_PREFETCH)
+
+    def forward(self, queue: str, body: bytes) -> None:
+        self.link.publish(queue, body, persistent=True)
+
+    def consumers(self, queue: str) -> int:
+        return self.link.queue_consumers(queue) or 0
+
+    def exists(self, queue: str) -> bool:
+        return self.link.queue_exists(queue)
+
+    def depth(self, queue: str) -> int:
+        return self.link.queue_depth(queue) or 0
+
+    def delete(self, queue: str) -> None:
+        self.link.delete_queue(queue)
+
+    def wait(self, seconds: float) -> None:
+        self.link.process_events(seconds)
+
+    def close(self) -> None:
+        self.client.close()
+        self.link.close()

@@ -1,0 +1,351 @@
+"""Each task's life: start request, metadata stream, close, and re-runs when a worker is lost.
+
+:class:`TaskDriver` never blocks for long: requests are sent without waiting and their
+replies polled, streams are read with a zero timeout, and every request has a deadline.
+A worker that dies mid-task is noticed by its control queue vanishing (it is exclusive
+to the worker's connection) or by its silence; what it had already published is kept,
+and the task's slot is filled again by the coordinator's scheduling.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from messaging import BrokerConnectionError, MessagingError, MetadataItem, QueueNotFound, RemoteError
+from worker.coordinator.bus import CoordinatorBus
+from worker.coordinator.stats import RunStats
+from worker.coordinator.task import Kind, State, Task
+from worker.errors import TaskError
+from worker.protocol import (
+    CollectorSpec,
+    DataItem,
+    FinishInfo,
+    Refusal,
+    StartReply,
+    StartTask,
+    TaskName,
+    read_metadata,
+    simple_task,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Grace after a start request's expiration before it is sent again.
+START_GRACE_S = 5.0
+#: How long the metadata left by a lost worker may take to read.
+DRAIN_S = 5.0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    start_s: float
+    """A start request nobody took within this long expires and is sent again."""
+    close_s: float
+    """A close request unanswered for this long: the worker is taken as gone."""
+    silence_s: float
+    """A running task that sends nothing for this long is closed and its slot refilled."""
+    start_grace_s: float = START_GRACE_S
+    """Extra wait after a start request expired, for the reply of a worker that took it just in time."""
+
+
+Completed = Callable[[Task, FinishInfo | None], None]
+"""Called once per finished task with its close reply (``None`` when the worker never gave one)."""
+
+
+class TaskDriver:
+    """Moves tasks from start to close through the bus, counting what they report into ``stats``.
+
+    Args:
+        bus: the coordinator's broker operations.
+        stats: counters the metadata updates.
+        task_queue: the shared queue start requests go to.
+        learner_queue: where data metadata is forwarded.
+        timeouts: request deadlines and the silence limit.
+        on_running: called when a task's start reply arrived (the coordinator checkpoints then).
+        on_completed: called once per finished task.
+        on_dropped: called once per task given up, with whether it is to be run again.
+    """
+
+    def __init__(
+        self,
+        bus: CoordinatorBus,
+        stats: RunStats,
+        *,
+        task_queue: str,
+        learner_queue: str,
+        buffer_id: str,
+        timeouts: Timeouts,
+        on_running: Callable[[Task], None],
+        on_completed: Completed,
+        on_dropped: Callable[[Task, bool], None],
+    ) -> None:
+        self.bus = bus
+        self.stats = stats
+        self.task_queue = task_queue
+        self.learner_queue = learner_queue
+        self.buffer_id = buffer_id
+        self.timeouts = timeouts
+        self.on_running = on_running
+        self.on_completed = on_completed
+        self.on_dropped = on_dropped
+        self.tasks: dict[str, Task] = {}
+        self.seq = 0
+
+    # -- starting -------------------------------------------------------------------
+
+    def launch(self, kind: Kind, cfg: CollectorSpec) -> Task:
+        """Send a start request for a new task."""
+        self.seq += 1
+        task_id = f"{kind.value}-{self.seq:06d}-{int(time.time()) % 100000:05d}"
+        task = Task(task_id, kind, StartTask(task_id, self.buffer_id, cfg))
+        self.tasks[task_id] = task
+        self._send_start(task)
+        return task
+
+    def _send_start(self, task: Task) -> None:
+        assert task.start is not None
+        timeout = self.timeouts.start_s
+        task.state = State.STARTING
+        task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout)
+        # The request expires in the queue after ``timeout``; a worker that took it just in
+        # time still gets to answer during the grace period.
+        task.deadline = time.monotonic() + timeout + self.timeouts.start_grace_s
+
+    def adopt(self, task: Task) -> None:
+        """Keep reading a task an earlier coordinator started (from its checkpoint)."""
+        if task.metadata_queue is None:
+            return
+        try:
+            task.stream = self.bus.stream(task.metadata_queue)
+        except QueueNotFound:
+            logger.warning("task %s of the earlier coordinator left no metadata queue; dropping it", task.task_id)
+            return
+        self.tasks[task.task_id] = task
+        if task.worker_id is not None:
+            self.stats.workers.add(task.worker_id)
+
+    # -- following ------------------------------------------------------------------
+
+    def advance_all(self) -> None:
+        """One turn for every task; a task whose request fails is logged and retried next turn."""
+        for task in list(self.tasks.values()):
+            try:
+                self.advance(task)
+            except BrokerConnectionError:
+                raise
+            except MessagingError as exc:
+                logger.warning("task %s: %s", task.task_id, exc.message)
+
+    def advance(self, task: Task) -> None:
+        if task.task_id not in self.tasks:
+            return
+        if task.state is State.STARTING:
+            self._poll_start(task)
+            return
+        self.read(task)
+        if task.task_id not in self.tasks:
+            return
+        if task.state is State.RUNNING and task.done:
+            self.send_close(task)
+        elif task.state is State.CLOSING:
+            self._poll_close(task)
+
+    def _poll_start(self, task: Task) -> None:
+        assert task.correlation_id is not None
+        try:
+            result = self.bus.poll(task.correlation_id)
+        except RemoteError as exc:
+            logger.error("task %s refused: %s %s", task.task_id, exc.message, exc.result)
+            self.drop(task, rerun=Refusal.of(exc) is Refusal.WORKER_BUSY)
+            return
+        if result is None:
+            if time.monotonic() > task.deadline:
+                logger.info("no worker took task %s in time; sending it again", task.task_id)
+                self.bus.abandon(task.correlation_id)
+                self._send_start(task)
+            return
+        try:
+            reply = StartReply.from_wire(result)
+        except TaskError as exc:
+            logger.error("task %s: %s", task.task_id, exc.message)
+            self.drop(task, rerun=True)
+            return
+        task.worker_id, task.control_queue, task.metadata_queue = (
+            reply.worker_id,
+            reply.control_queue,
+            reply.metadata_queue,
+        )
+        task.stream = self.bus.stream(reply.metadata_queue)
+        task.state = State.RUNNING
+        task.last_heard = time.monotonic()
+        self.stats.workers.add(reply.worker_id)
+        logger.debug("task %s running on %s", task.task_id, task.worker_id)
+        self.on_running(task)
+
+    def read(self, task: Task) -> None:
+        """Handle every metadata item that has arrived for ``task``."""
+        while task.stream is not None and (item := task.stream.get(0.0)) is not None:
+            task.last_heard = time.monotonic()
+            self._handle(task, item)
+
+    def _handle(self, task: Task, item: MetadataItem) -> None:
+        try:
+            metadata = read_metadata(item.message)
+        except TaskError as exc:
+            # Not something a collector sends: park it in the dead-letter queue, say so, go on.
+            logger.warning("dead-lettering malformed metadata of task %s: %s", task.task_id, exc.message)
+            item.delivery.nack(requeue=False)
+            return
+        if isinstance(metadata, DataItem):
+            # The learner's copy is confirmed before the stream's is acked: nothing is lost
+            # if we die in between (the learner may see it twice, and skips a vanished file).
+            self.bus.forward(self.learner_queue, item.delivery.envelope.body)
+            self.stats.samples += metadata.unroll_len
+            self.stats.data_items += 1
+            self.stats.policy_iter = max(self.stats.policy_iter, metadata.policy_iter)
+        else:
+            task.last_info = metadata
+            if metadata.error:
+                logger.error("task %s failed on %s: %s", task.task_id, task.worker_id, metadata.error)
+            if metadata.aborted:
+                logger.warning("worker %s is stopping; task %s will run elsewhere", task.worker_id, task.task_id)
+                item.ack()
+                self.abandon_worker(task)
+                return
+            task.done = metadata.collector_done
+        if task.kind is Kind.COLLECT:
+            steps, episodes = task.count(metadata.cur_step, metadata.cur_episode)
+            self.stats.env_steps += steps
+            self.stats.episodes += episodes
+        item.ack()
+
+    # -- closing --------------------------------------------------------------------
+
+    def send_close(self, task: Task) -> None:
+        assert task.control_queue is not None
+        try:
+            task.correlation_id = self.bus.send(
+                task.control_queue, simple_task(TaskName.CLOSE), timeout_s=self.timeouts.close_s
+            )
+        except QueueNotFound:
+            logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)
+            self.complete(task, None)
+            return
+        task.state = State.CLOSING
+        task.deadline = time.monotonic() + self.timeouts.close_s
+
+    def _poll_close(self, task: Task) -> None:
+        assert task.correlation_id is not None
+        try:
+            result = self.bus.poll(task.correlation_id)
+        except RemoteError as exc:
+            logger.warning("closing task %s: %s", task.task_id, exc.message)
+            self.complete(task, None)
+            return
+        if result is None:
+            if time.monotonic() > task.deadline:
+                logger.warning("task %s: no close reply from %s", task.task_id, task.worker_id)
+                self.bus.abandon(task.correlation_id)
+                self.complete(task, None)
+            return
+        try:
+            finish = FinishInfo.from_wire(result)
+        except TaskError as exc:
+            logger.warning("task %s: %s", task.task_id, exc.message)
+            finish = None
+        self.complete(task, finish)
+
+    def complete(self, task: Task, finish: FinishInfo | None) -> None:
+        """The task is over: read what is left of its stream, free its queue, report it."""
+        if self.tasks.pop(task.task_id, None) is None:
+            return  # already completed or dropped (e.g. its worker aborted meanwhile)
+        self.read(task)
+        self._release(task)
+        self.stats.tasks_done += 1
+        self.on_completed(task, finish)
+
+    # -- failures -------------------------------------------------------------------
+
+    def check_liveness(self) -> None:
+        """Re-run tasks whose worker is gone; close tasks that went silent."""
+        now = time.monotonic()
+        for task in list(self.tasks.values()):
+            if task.state is State.STARTING or task.control_queue is None:
+                continue
+            if not self.bus.exists(task.control_queue):
+                # A worker reconnecting after a network blip redeclares its queue within a
+                # second: only a queue missing on two checks in a row means a dead worker.
+                task.misses += 1
+                if task.misses >= 2:
+                    logger.warning("worker %s is gone (task %s)", task.worker_id, task.task_id)
+                    self.abandon_worker(task)
+                continue
+            task.misses = 0
+            if task.state is State.RUNNING and now - task.last_heard > self.timeouts.silence_s:
+                logger.warning(
+                    "task %s silent for %.0f s; closing it and running it elsewhere",
+                    task.task_id,
+                    self.timeouts.silence_s,
+                )
+                self.send_close(task)
+                task.done = True
+
+    def abandon_worker(self, task: Task) -> None:
+        """The task's worker died or is leaving: keep what it published, run the task again."""
+        if task.task_id not in self.tasks:
+            return
+        self._drain(task)
+        if task.done:
+            self.complete(task, None)
+            return
+        self.drop(task, rerun=True)
+
+    def _drain(self, task: Task) -> None:
+        """Read everything left in the task's metadata queue (all of it was confirmed to its worker)."""
+        deadline = time.monotonic() + DRAIN_S
+        while task.stream is not None and time.monotonic() < deadline:
+            self.read(task)
+            if task.metadata_queue is None or not self.bus.depth(task.metadata_queue):
+                self.read(task)
+                return
+            self.bus.wait(0.05)
+
+    def drop(self, task: Task, *, rerun: bool) -> None:
+        """Forget a task that will not complete; ``rerun`` counts it as one to run again."""
+        if self.tasks.pop(task.task_id, None) is None:
+            return  # already dropped or completed
+        self._release(task)
+        if rerun:
+            self.stats.tasks_rerun += 1
+        # Tasks are not restarted as such: the coordinator's scheduling fills the free slot.
+        self.on_dropped(task, rerun)
+
+    def _release(self, task: Task) -> None:
+        if task.stream is not None:
+            task.stream.close()
+            task.stream = None
+        if task.metadata_queue is not None:
+            try:
+                self.bus.delete(task.metadata_queue)
+            except MessagingError as exc:
+                logger.debug("could not delete %s: %s", task.metadata_queue, exc.message)
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def close_all(self) -> None:
+        """Ask every running task to close; give up on the ones not started yet."""
+        for task in list(self.tasks.values()):
+            if task.state is State.RUNNING:
+                try:
+                    self.send_close(task)
+                except MessagingError:
+                    self.drop(task, rerun=False)
+            elif task.state is State.STARTING and task.correlation_id is not None:
+                self.bus.abandon(task.correlation_id)
+                self.tasks.pop(task.task_id, None)
+
+    def workers_alive(self) -> int:
+        return len({t.worker_id for t in self.tasks.values() if t.worker_id is not None})

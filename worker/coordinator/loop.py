@@ -1,0 +1,247 @@
+"""The coordinator: keeps collect and eval tasks running on whatever workers exist.
+
+One thread that never blocks for long. Each turn it fills free task slots (by default
+one collect task per idle collector listening on the task queue, so scaling out needs
+no flag, plus an eval task every ``eval_interval_s``), lets the broker connection work
+for a moment, and moves every task on (:class:`~worker.coordinator.driver.TaskDriver`).
+Every few seconds it checks that the workers of running tasks are still there and
+writes a checkpoint. The run ends at the stop value, a budget, or a signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from messaging import BrokerConnectionError, MessagingError, Names
+from worker.config import CoordinatorConfig
+from worker.coordinator.bus import BrokerBus, CoordinatorBus
+from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
+from worker.coordinator.driver import TaskDriver, Timeouts
+from worker.coordinator.progress import Progress, RunLog
+from worker.coordinator.stats import RunStats
+from worker.coordinator.task import Kind, State, Task
+from worker.protocol import FinishInfo
+
+logger = logging.getLogger(__name__)
+
+#: How often the coordinator checks workers, counts the idle ones and checkpoints.
+LIVENESS_CHECK_S = 2.0
+#: How long the broker connection works per loop turn (replies and stream items arrive meanwhile).
+TURN_S = 0.05
+#: How long running tasks get to close when the run ends.
+SHUTDOWN_S = 15.0
+
+
+class Coordinator:
+    """Drives collector workers through the task protocol until the run ends.
+
+    Args:
+        config: broker settings, the job, run log path, progress mode.
+        stop: set it (e.g. from a signal handler) to end the run early.
+        bus: the broker operations; a :class:`~worker.coordinator.bus.BrokerBus` by default.
+    """
+
+    def __init__(
+        self, config: CoordinatorConfig, stop: threading.Event | None = None, *, bus: CoordinatorBus | None = None
+    ) -> None:
+        self.config = config
+        self.job = config.job
+        self.stop = stop or threading.Event()
+        self.names = Names(config.transport.prefix)
+        self.bus = bus if bus is not None else BrokerBus(config.transport)
+        self.stats = RunStats()
+        self.progress = Progress(config.progress)
+        self.run_log = RunLog(config.run_log)
+        coord = self.job.coordinator
+        self.driver = TaskDriver(
+            self.bus,
+            self.stats,
+            task_queue=self.names.collector_tasks,
+            learner_queue=self.names.learner_data(coord.buffer_id),
+            buffer_id=coord.buffer_id,
+            timeouts=Timeouts(coord.start_timeout_s, config.transport.rpc_timeout_s, coord.task_silence_s),
+            on_running=lambda _task: self._checkpoint(),
+            on_completed=self._record,
+            on_dropped=self._dropped,
+        )
+        self.reason = "running"
+        self.success = False
+        self._next_eval = time.monotonic() + coord.eval_interval_s
+        self._next_check = time.monotonic() + LIVENESS_CHECK_S
+        self._idle_workers = 0
+
+    # -- the run --------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Run until the stop value, a budget, or ``stop``; returns the summary."""
+        coord = self.job.coordinator
+        self.bus.open(self.names.collector_tasks_decl(), self.names.learner_data_decl(coord.buffer_id))
+        self._idle_workers = self.bus.consumers(self.names.collector_tasks)
+        checkpoint = last_checkpoint(self.config.run_log)
+        if checkpoint is not None:
+            self._resume(checkpoint)
+        logger.info(
+            "coordinating %s: %s collect tasks at a time, stop value %s",
+            self.job.env.id,
+            coord.collect_tasks or "one per collector worker",
+            self.job.env.stop_value,
+        )
+        try:
+            while not self._finished():
+                self.turn()
+        finally:
+            self._shutdown()
+        return self.summary()
+
+    def turn(self) -> None:
+        """One loop turn: fill slots, let the broker work, move every task on, check workers."""
+        try:
+            self._fill()
+            self.bus.wait(TURN_S)
+            self.driver.advance_all()
+            if time.monotonic() >= self._next_check:
+                self._idle_workers = self.bus.consumers(self.names.collector_tasks)
+                self.driver.check_liveness()
+                self._next_check = time.monotonic() + LIVENESS_CHECK_S
+                self._checkpoint()
+        except BrokerConnectionError as exc:
+            # The link reconnects on its next use; until the broker is back there is nothing to do.
+            logger.error("broker unavailable: %s", exc.message)
+            self.stop.wait(1.0)
+        self.progress.update(self.stats, self.driver.workers_alive())
+
+    def _finished(self) -> bool:
+        coord = self.job.coordinator
+        if self.success:
+            return True
+        if self.stop.is_set():
+            self.reason = "stopped by signal"
+        elif self.stats.env_steps >= coord.max_env_steps:
+            self.reason = f"env step budget of {coord.max_env_steps:,} used"
+        elif self.stats.elapsed() >= coord.max_time_s:
+            self.reason = f"time budget of {coord.max_time_s:.0f} s used"
+        else:
+            return False
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        stats = self.stats
+        return {
+            "success": self.success,
+            "reason": self.reason,
+            "stop_value": self.job.env.stop_value,
+            "best_eval": stats.best_eval,
+            "last_eval": stats.last_eval,
+            "env_steps": stats.env_steps,
+            "samples": stats.samples,
+            "episodes": stats.episodes,
+            "wall_time_s": round(stats.elapsed(), 2),
+            "tasks_done": stats.tasks_done,
+            "tasks_rerun": stats.tasks_rerun,
+            "evals": stats.evals,
+            "policy_iter": stats.policy_iter,
+            "workers_seen": sorted(stats.workers),
+        }
+
+    # -- scheduling -----------------------------------------------------------------
+
+    def _fill(self) -> None:
+        tasks = self.driver.tasks.values()
+        collecting = sum(1 for t in tasks if t.kind is Kind.COLLECT)
+        for _ in range(self._collect_target(collecting) - collecting):
+            eps = self.job.learner.epsilon(self.stats.env_steps)
+            self.driver.launch(Kind.COLLECT, self.job.collect_spec(eps))
+        now = time.monotonic()
+        if now >= self._next_eval and not any(t.kind is Kind.EVAL for t in self.driver.tasks.values()):
+            self.driver.launch(Kind.EVAL, self.job.eval_spec())
+            self._next_eval = now + self.job.coordinator.eval_interval_s
+
+    def _collect_target(self, collecting: int) -> int:
+        """How many collect tasks should run: the configured number, or (auto) one per worker.
+
+        In auto mode the idle workers are the consumers of the shared task queue (a busy
+        worker pauses its consumer), counted at every liveness check.
+        """
+        fixed = self.job.coordinator.collect_tasks
+        if fixed > 0:
+            return fixed
+        starting = sum(1 for t in self.driver.tasks.values() if t.state is State.STARTING)
+        spare = max(0, self._idle_workers - starting)
+        self._idle_workers -= min(self._idle_workers, spare)  # claimed until the next count
+        return max(1, collecting + spare)
+
+    # -- outcomes -------------------------------------------------------------------
+
+    def _dropped(self, task: Task, rerun: bool) -> None:
+        if rerun and task.kind is Kind.EVAL:
+            self._next_eval = time.monotonic()  # the next fill starts a new one
+
+    def _record(self, task: Task, finish: FinishInfo | None) -> None:
+        record: dict[str, Any] = {
+            "task_id": task.task_id,
+            "worker_id": task.worker_id,
+            "env_steps": self.stats.env_steps,
+        }
+        if finish is not None:
+            record.update({k: v for k, v in finish.to_wire().items() if k != "reward_raw"})
+        elif task.last_info is not None:
+            record.update(task.last_info.to_wire())
+        if task.kind is Kind.COLLECT:
+            self.run_log.write("task", record)
+            return
+        if finish is None or finish.error or not finish.real_episode_count:
+            logger.warning("eval task %s produced no episodes (%s)", task.task_id, finish and finish.error)
+            return
+        self.stats.record_eval(finish.reward_mean)
+        record["steps_per_s"] = round(self.stats.steps_per_s(), 1)
+        record["elapsed_s"] = round(self.stats.elapsed(), 2)
+        self.run_log.write("eval", record)
+        logger.info(
+            "eval %d: return %.1f at %d env steps (policy iter %d)",
+            self.stats.evals,
+            finish.reward_mean,
+            self.stats.env_steps,
+            finish.train_iter,
+        )
+        if finish.reward_mean >= self.job.env.stop_value:
+            self.success = True
+            self.reason = f"eval return {finish.reward_mean:.1f} >= {self.job.env.stop_value}"
+
+    # -- checkpoint and resume ------------------------------------------------------
+
+    def _checkpoint(self) -> None:
+        self.run_log.write("checkpoint", checkpoint_record(self.stats, self.driver.tasks.values(), self.driver.seq))
+
+    def _resume(self, checkpoint: dict[str, Any]) -> None:
+        self.driver.seq, tasks = restore(checkpoint, self.stats)
+        for task in tasks:
+            self.driver.adopt(task)
+        logger.info(
+            "resumed the run at %d env steps, %d tasks done, re-attached to %d running tasks",
+            self.stats.env_steps,
+            self.stats.tasks_done,
+            len(self.driver.tasks),
+        )
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """Close running tasks (bounded), forward what they already sent, then leave."""
+        deadline = time.monotonic() + SHUTDOWN_S
+        self.driver.close_all()
+        while self.driver.tasks and time.monotonic() < deadline:
+            try:
+                self.bus.wait(0.1)
+                self.driver.advance_all()
+            except MessagingError as exc:
+                logger.warning("shutdown: %s", exc.message)
+                break
+        summary = self.summary()
+        self.progress.update(self.stats, self.driver.workers_alive(), force=True)
+        self.progress.finish(summary)
+        self.run_log.write("summary", summary)
+        self.run_log.close()
+        self.bus.close()

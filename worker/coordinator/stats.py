@@ -1,0 +1,62 @@
+"""The run's counters, and their one serialised form (checkpoints and the summary share it)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The counters a checkpoint carries; everything else in :class:`RunStats` is derived or local.
+_SAVED = ("env_steps", "samples", "episodes", "data_items", "tasks_done", "tasks_rerun", "evals")
+_SAVED_OPTIONAL = ("best_eval", "last_eval")
+
+
+@dataclass
+class RunStats:
+    """Counters of a run, updated as metadata and finish infos arrive."""
+
+    started_at: float = field(default_factory=time.monotonic)
+    env_steps: int = 0
+    samples: int = 0
+    episodes: int = 0
+    data_items: int = 0
+    tasks_done: int = 0
+    tasks_rerun: int = 0
+    evals: int = 0
+    last_eval: float | None = None
+    best_eval: float | None = None
+    policy_iter: int = 0
+    workers: set[str] = field(default_factory=set)
+    rate_window: list[tuple[float, int]] = field(default_factory=list)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def steps_per_s(self) -> float:
+        """Env steps per second over the last ~10 s."""
+        now = time.monotonic()
+        self.rate_window.append((now, self.env_steps))
+        while len(self.rate_window) > 2 and now - self.rate_window[0][0] > 10.0:
+            self.rate_window.pop(0)
+        (t0, s0), (t1, s1) = self.rate_window[0], self.rate_window[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def record_eval(self, reward: float) -> None:
+        self.evals += 1
+        self.last_eval = reward
+        self.best_eval = reward if self.best_eval is None else max(self.best_eval, reward)
+
+    def to_record(self) -> dict[str, Any]:
+        """The counters as a JSON-ready map (:meth:`restore` reads it back)."""
+        record: dict[str, Any] = {name: getattr(self, name) for name in (*_SAVED, *_SAVED_OPTIONAL, "policy_iter")}
+        record["elapsed_s"] = round(self.elapsed(), 3)
+        return record
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Continue counting from a :meth:`to_record` map (missing keys keep their value)."""
+        self.started_at = time.monotonic() - float(record.get("elapsed_s", 0.0))
+        for name in (*_SAVED, "policy_iter"):
+            setattr(self, name, int(record.get(name, getattr(self, name))))
+        for name in _SAVED_OPTIONAL:
+            value = record.get(name, getattr(self, name))
+            setattr(self, name, None if value is None else float(value))

@@ -1,0 +1,87 @@
+"""One collect or eval task as the coordinator tracks it, from its start request to its close."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from worker.coordinator.bus import MetadataStream
+from worker.protocol import InfoItem, StartTask
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    """Start request sent, no reply yet."""
+    RUNNING = "running"
+    """A worker runs it; its metadata stream is being read."""
+    CLOSING = "closing"
+    """Close request sent, no reply yet."""
+
+
+class Kind(StrEnum):
+    COLLECT = "collect"
+    EVAL = "eval"
+
+
+@dataclass
+class Task:
+    """What the coordinator knows of one task; :class:`~worker.coordinator.driver.TaskDriver` moves it on."""
+
+    task_id: str
+    kind: Kind
+    start: StartTask | None
+    """The start request (``None`` for a task adopted from an earlier coordinator's checkpoint)."""
+    state: State = State.STARTING
+    correlation_id: str | None = None
+    """The request in flight: the start request while starting, the close request while closing."""
+    deadline: float = 0.0
+    """When the request in flight is given up."""
+    worker_id: str | None = None
+    control_queue: str | None = None
+    metadata_queue: str | None = None
+    stream: MetadataStream | None = None
+    last_heard: float = field(default_factory=time.monotonic)
+    last_info: InfoItem | None = None
+    steps_counted: int = 0
+    episodes_counted: int = 0
+    done: bool = False
+    """The worker said ``collector_done``: close it."""
+    misses: int = 0
+    """Liveness checks in a row that found the worker's control queue gone."""
+
+    def count(self, cur_step: int, cur_episode: int) -> tuple[int, int]:
+        """New env steps and episodes since the last counters seen (they only grow; redeliveries add nothing)."""
+        new_steps = max(0, cur_step - self.steps_counted)
+        new_episodes = max(0, cur_episode - self.episodes_counted)
+        self.steps_counted += new_steps
+        self.episodes_counted += new_episodes
+        return new_steps, new_episodes
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        """What a restarted coordinator needs to keep reading this running task."""
+        return {
+            "kind": self.kind.value,
+            "worker_id": self.worker_id,
+            "control_queue": self.control_queue,
+            "metadata_queue": self.metadata_queue,
+            "counted": {"cur_step": self.steps_counted, "cur_episode": self.episodes_counted},
+            "done": self.done,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, task_id: str, saved: dict[str, Any]) -> Task:
+        counted = dict(saved.get("counted") or {})
+        return cls(
+            task_id,
+            Kind(saved["kind"]),
+            None,
+            state=State.RUNNING,
+            worker_id=saved.get("worker_id"),
+            control_queue=saved.get("control_queue"),
+            metadata_queue=saved.get("metadata_queue"),
+            steps_counted=int(counted.get("cur_step", 0)),
+            episodes_counted=int(counted.get("cur_episode", 0)),
+            done=bool(saved.get("done", False)),
+        )

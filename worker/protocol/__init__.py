@@ -1,0 +1,58 @@
+"""The wire contract every role speaks: tasks, replies, ``collector_cfg``, metadata, ``finish_info``.
+
+Role-neutral and broker-free: the coordinator, the collectors, the learner, the tests and
+the fuzzer meet here (and in ``docs/protocol.md``, which documents the same contract for
+clients in other languages); roles never import each other. Every type converts both
+ways: ``to_wire()`` gives the msgpack-ready map, ``from_wire()`` validates an untrusted
+one and raises a :class:`~worker.errors.TaskError` carrying a :class:`Refusal` code.
+"""
+
+from __future__ import annotations
+
+from worker.protocol.collector_cfg import (
+    DEFAULT_HIDDEN_SIZES,
+    MAX_ENV_NUM,
+    POLICY_TYPES,
+    CollectorSpec,
+    EnvSpec,
+    PolicySpec,
+    PolicyType,
+)
+from worker.protocol.finish import FinishInfo
+from worker.protocol.metadata import DataItem, InfoItem, check_metadata, checked_count, read_metadata
+from worker.protocol.tasks import (
+    ID_PATTERN,
+    STARTED,
+    Refusal,
+    ResourceReply,
+    StartReply,
+    StartTask,
+    TaskName,
+    simple_task,
+    task_name,
+)
+
+__all__ = [
+    "DEFAULT_HIDDEN_SIZES",
+    "ID_PATTERN",
+    "MAX_ENV_NUM",
+    "POLICY_TYPES",
+    "STARTED",
+    "CollectorSpec",
+    "DataItem",
+    "EnvSpec",
+    "FinishInfo",
+    "InfoItem",
+    "PolicySpec",
+    "PolicyType",
+    "Refusal",
+    "ResourceReply",
+    "StartReply",
+    "StartTask",
+    "TaskName",
+    "check_metadata",
+    "checked_count",
+    "read_metadata",
+    "simple_task",
+    "task_name",
+]

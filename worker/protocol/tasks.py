@@ -1,0 +1,234 @@
+"""Task messages and their replies: names, refusal codes, start, resource and close.
+
+DI-engine's ``CollectorSlave`` protocol (``docs/protocol.md`` sections 3 and 4): a task
+is ``{"name": ..., "task_info": {...}}``; a refusal is an ``ok: false`` reply whose
+``result.message`` is one of the :class:`Refusal` codes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from messaging import RemoteError
+from worker.errors import TaskError, short_repr
+from worker.protocol.checks import mapping
+from worker.protocol.collector_cfg import CollectorSpec
+
+
+class TaskName(StrEnum):
+    """The four tasks a collector worker serves."""
+
+    RESOURCE = "resource"
+    START = "collector_start_task"
+    DATA = "collector_data_task"
+    CLOSE = "collector_close_task"
+
+
+class Refusal(StrEnum):
+    """``result.message`` of an ``ok: false`` reply: why a task was refused, as a short code."""
+
+    BAD_REQUEST = "bad request"
+    """Undecodable, wrong content type, no correlation id (answered by the RPC layer)."""
+    INTERNAL_ERROR = "internal error"
+    """A handler crashed (a bug on the worker)."""
+    BAD_TASK = "bad task"
+    TASK_NAME_ERROR = "task name error"
+    MISSING_TASK_INFO = "missing task_info"
+    BAD_TASK_ID = "bad task_id"
+    BAD_BUFFER_ID = "bad buffer_id"
+    MISSING_COLLECTOR_CFG = "missing collector_cfg"
+    BAD_COLLECTOR_CFG = "bad collector_cfg"
+    UNKNOWN_ENV = "unknown env"
+    """The env id is not in the gymnasium registry, or the env cannot be created."""
+    UNSUPPORTED_ENV = "unsupported env"
+    """The env's spaces are not a flat Box of observations and Discrete actions."""
+    UNSAFE_PATH = "unsafe path"
+    WORKER_BUSY = "worker busy"
+    WRONG_QUEUE = "wrong queue"
+    NO_RUNNING_COLLECTOR = "no running collector"
+    NO_DATA_YET = "no data yet"
+    COLLECTOR_FAILED = "collector failed"
+    BAD_METADATA = "bad metadata"
+
+    @property
+    def permanent(self) -> bool:
+        """Sending the same task again (to any worker) cannot succeed."""
+        return self in _PERMANENT
+
+    def error(self, message: str, **detail: Any) -> TaskError:
+        """The :class:`TaskError` a handler raises to refuse a task with this code."""
+        return TaskError(message, {"message": self.value, **detail})
+
+    @classmethod
+    def of(cls, exc: RemoteError) -> Refusal | None:
+        """The code of a refusal a caller received, or ``None`` if it carries none we know."""
+        code = exc.result.get("message")
+        try:
+            return cls(code) if isinstance(code, str) else None
+        except ValueError:
+            return None
+
+
+_PERMANENT: Final = frozenset(
+    {
+        Refusal.BAD_TASK,
+        Refusal.TASK_NAME_ERROR,
+        Refusal.MISSING_TASK_INFO,
+        Refusal.BAD_TASK_ID,
+        Refusal.BAD_BUFFER_ID,
+        Refusal.MISSING_COLLECTOR_CFG,
+        Refusal.BAD_COLLECTOR_CFG,
+        Refusal.UNKNOWN_ENV,
+        Refusal.UNSUPPORTED_ENV,
+        Refusal.UNSAFE_PATH,
+    }
+)
+
+#: ids end up in queue and file names: keep them to a safe alphabet.
+ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def task_name(body: Any) -> TaskName:
+    """The name of a task message.
+
+    Raises:
+        TaskError: the body is not a map with the name of a known task.
+    """
+    if not isinstance(body, dict):
+        raise Refusal.BAD_TASK.error(f"a task must be a map, got {type(body).__name__}")
+    name = body.get("name")
+    if not isinstance(name, str):
+        raise Refusal.TASK_NAME_ERROR.error("a task needs a string 'name'")
+    try:
+        return TaskName(name)
+    except ValueError:
+        raise Refusal.TASK_NAME_ERROR.error(f"illegal collector task <{name[:100]}>") from None
+
+
+def checked_id(info: Mapping[str, Any], key: str, refusal: Refusal) -> str:
+    value = info.get(key)
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise refusal.error(f"task_info.{key} must be a string matching {ID_PATTERN.pattern}, got {short_repr(value)}")
+    return value
+
+
+@dataclass(frozen=True)
+class StartTask:
+    """``collector_start_task``: run ``cfg`` as task ``task_id`` for replay buffer ``buffer_id``."""
+
+    task_id: str
+    buffer_id: str
+    cfg: CollectorSpec
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": TaskName.START.value,
+            "task_info": {"task_id": self.task_id, "buffer_id": self.buffer_id, "collector_cfg": self.cfg.to_wire()},
+        }
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> StartTask:
+        """Validate a start task (paths in it are checked by whoever opens them).
+
+        Raises:
+            TaskError: a key is missing or wrong; ``result.message`` says which kind.
+        """
+        info = body.get("task_info")
+        if not isinstance(info, dict):
+            raise Refusal.MISSING_TASK_INFO.error("collector_start_task needs a 'task_info' map")
+        task_id = checked_id(info, "task_id", Refusal.BAD_TASK_ID)
+        buffer_id = checked_id(info, "buffer_id", Refusal.BAD_BUFFER_ID)
+        if "collector_cfg" not in info:
+            raise Refusal.MISSING_COLLECTOR_CFG.error("task_info.collector_cfg is missing")
+        try:
+            cfg = CollectorSpec.from_wire(info["collector_cfg"])
+        except TaskError as exc:
+            raise Refusal.BAD_COLLECTOR_CFG.error(exc.message) from None
+        return cls(task_id, buffer_id, cfg)
+
+
+#: ``message`` of a successful start reply (DI-engine's wording).
+STARTED: Final = "collector task has started"
+
+
+@dataclass(frozen=True)
+class StartReply:
+    """Where the started task lives: the worker's control queue and the task's metadata queue."""
+
+    worker_id: str
+    task_id: str
+    control_queue: str
+    metadata_queue: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "message": STARTED,
+            "worker_id": self.worker_id,
+            "task_id": self.task_id,
+            "control_queue": self.control_queue,
+            "metadata_queue": self.metadata_queue,
+        }
+
+    @classmethod
+    def from_wire(cls, result: Mapping[str, Any]) -> StartReply:
+        """Read a start reply's ``result``.
+
+        Raises:
+            TaskError: a queue name or id is missing or not a string.
+        """
+        values = {}
+        for key in ("worker_id", "task_id", "control_queue", "metadata_queue"):
+            value = result.get(key)
+            if not isinstance(value, str) or not value:
+                raise TaskError(f"start reply without a string {key}: {short_repr(dict(result))}")
+            values[key] = value
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ResourceReply:
+    """Answer to ``resource``: what the worker can use, measured, and whether it is busy."""
+
+    gpu: int
+    cpu: int
+    worker_id: str
+    control_queue: str
+    busy: bool
+    task_id: str | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "cpu": self.cpu,
+            "worker_id": self.worker_id,
+            "control_queue": self.control_queue,
+            "busy": self.busy,
+            "task_id": self.task_id,
+        }
+
+    @classmethod
+    def from_wire(cls, result: Any) -> ResourceReply:
+        """Raises: TaskError: a key is missing or has the wrong type."""
+        result = mapping(result, "resource reply")
+        try:
+            task_id = result["task_id"]
+            reply = cls(
+                gpu=int(result["gpu"]),
+                cpu=int(result["cpu"]),
+                worker_id=str(result["worker_id"]),
+                control_queue=str(result["control_queue"]),
+                busy=bool(result["busy"]),
+                task_id=None if task_id is None else str(task_id),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TaskError(f"malformed resource reply ({exc!r}): {short_repr(dict(result))}") from None
+        return reply
+
+
+def simple_task(name: TaskName) -> dict[str, Any]:
+    """The body of a task that carries no ``task_info`` (resource, data, close)."""
+    return {"name": name.value}
