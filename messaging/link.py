@@ -66,13 +66,7 @@ class BrokerLink:
     def close(self) -> None:
         """Close the connection; unsettled deliveries are requeued by the broker."""
         self._closed = True
-        conn, self._conn = self._conn, None
-        self._publish_channel = None
-        if conn is not None and conn.is_open:
-            try:
-                conn.close()
-            except (pika.exceptions.AMQPError, OSError):
-                logger.debug("closing the connection failed", exc_info=True)
+        self._drop()
 
     def __enter__(self) -> BrokerLink:
         return self.open()
@@ -83,6 +77,11 @@ class BrokerLink:
     @property
     def is_open(self) -> bool:
         return self._conn is not None and self._conn.is_open
+
+    @property
+    def generation(self) -> int:
+        """Counts the connections this link opened: deliveries of an older one cannot be settled."""
+        return self._generation
 
     def _ensure(self) -> BlockingConnection:
         if self._closed:
@@ -355,24 +354,3 @@ class BrokerLink:
             raise ConnectionClosed(f"{self.role} link is not connected")
         with translated("scheduling a callback"):
             conn.add_callback_threadsafe(fn)
-
-    # -- settling -----------------------------------------------------------------
-
-    def settler(self, channel: BlockingChannel, tag: int, generation: int) -> Callable[[bool, bool], None]:
-        """How a delivery received on ``channel`` is acked or nacked later (on this link's thread)."""
-
-        def settle(ack: bool, requeue: bool) -> None:
-            if generation != self._generation or not channel.is_open:
-                # The channel died since delivery: the broker requeued the message already.
-                logger.warning("delivery %s on a closed channel was not settled (it was requeued)", tag)
-                return
-            try:
-                with translated("settling a delivery"):
-                    if ack:
-                        channel.basic_ack(tag)
-                    else:
-                        channel.basic_nack(tag, requeue=requeue)
-            except ConnectionClosed:
-                logger.warning("connection lost before delivery %s was settled; it will be redelivered", tag)
-
-        return settle

@@ -44,7 +44,10 @@ class Settings:
     prefetch: int = 1
     """Unacked task messages a worker holds; 1 keeps long tasks from piling up on one worker."""
     rpc_timeout_s: float = 30.0
-    """Default time a caller waits for a reply; also sent as the request's ``expiration``."""
+    """Default time a caller waits for a reply; also sent as the request's ``expiration``.
+
+    The coordinator waits this long for a collector's close reply, so keep it above the
+    collectors' ``stop_grace_s`` (a close may take that long)."""
     max_message_bytes: int = 8 * 1024 * 1024
     """Largest body accepted or produced; bigger task messages are dead-lettered."""
     metadata_queue_length: int = 8

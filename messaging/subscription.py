@@ -18,6 +18,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from messaging.connection import translated
+from messaging.errors import ConnectionClosed
 from messaging.topology import QueueDecl
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ class SubscriptionOwner(Protocol):
 
     def unsubscribe(self, sub: Subscription) -> None: ...
 
-    def settler(self, channel: BlockingChannel, tag: int, generation: int) -> Callable[[bool, bool], None]: ...
+    @property
+    def generation(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ class Subscription:
         def on_message(ch: BlockingChannel, method: Any, props: Any, body: bytes) -> None:
             envelope = _envelope(self.queue, method, props, body)
             tag = method.delivery_tag
-            self._buffer.append(Delivery(envelope, self._link.settler(ch, tag, generation)))
+            self._buffer.append(Delivery(envelope, _settler(self._link, ch, tag, generation)))
 
         with translated(f"consuming from {self.queue}"):
             self._tag = channel.basic_consume(self.queue, on_message_callback=on_message)
@@ -190,6 +192,28 @@ class Subscription:
 
     def _on_cancel(self, _frame: Any) -> None:
         self._cancelled_by_broker = True
+
+
+def _settler(
+    owner: SubscriptionOwner, channel: BlockingChannel, tag: int, generation: int
+) -> Callable[[bool, bool], None]:
+    """How a delivery received on ``channel`` is acked or nacked later (on the owner's thread)."""
+
+    def settle(ack: bool, requeue: bool) -> None:
+        if generation != owner.generation or not channel.is_open:
+            # The channel died since delivery: the broker requeued the message already.
+            logger.warning("delivery %s on a closed channel was not settled (it was requeued)", tag)
+            return
+        try:
+            with translated("settling a delivery"):
+                if ack:
+                    channel.basic_ack(tag)
+                else:
+                    channel.basic_nack(tag, requeue=requeue)
+        except ConnectionClosed:
+            logger.warning("connection lost before delivery %s was settled; it will be redelivered", tag)
+
+    return settle
 
 
 def _envelope(queue: str, method: Any, props: Any, body: bytes) -> Envelope:

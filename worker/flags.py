@@ -11,7 +11,6 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from messaging import Settings
 from worker.job import JobConfig
 
 #: Settings fields that have a broker flag (see :func:`add_transport_flags`).
@@ -55,11 +54,6 @@ def flag_values(args: argparse.Namespace, config_type: type) -> dict[str, Any]:
     """
     names = {f.name for f in fields(config_type)} | set(TRANSPORT_FLAGS)
     return {name: getattr(args, name) for name in names if hasattr(args, name)}
-
-
-def transport_settings(args: argparse.Namespace) -> Settings:
-    """Broker settings from the environment and the broker flags."""
-    return Settings.from_env(**{name: getattr(args, name) for name in TRANSPORT_FLAGS})
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:

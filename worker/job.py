@@ -98,6 +98,16 @@ class JobConfig:
     learner_process: LearnerSection = field(default_factory=LearnerSection)
     learner: LearnerSpec = field(default_factory=LearnerSpec)
 
+    def __post_init__(self) -> None:
+        # The tasks this job will send, built once now: a value no collector would accept
+        # (too many envs, a zero policy period...) is a configuration error at start-up,
+        # not a refusal in the middle of a run.
+        try:
+            self.collect_spec(self.learner.eps_start)
+            self.eval_spec()
+        except TaskError as exc:
+            raise ConfigurationError(f"the job's tasks would be refused: {exc.message}") from None
+
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> JobConfig:
         """Defaults, then the file at ``path`` (TOML, or JSON if it ends in ``.json``), then

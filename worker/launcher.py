@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import IO, Any
 
 from messaging import Settings, WarrenError
 from messaging.settings import to_env
-from worker.flags import add_job_flags, add_transport_flags, job_config, transport_settings
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -106,14 +107,18 @@ class Children:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.config import CoordinatorConfig
+    from worker.config import CoordinatorConfig, role_config
     from worker.coordinator.loop import Coordinator
 
-    base = transport_settings(args)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
-    transport = base.replace(prefix=f"{base.prefix}-{run_id}")
     job = job_config(args, **{"coordinator.collect_tasks": args.collectors})
     workdir: Path = args.workdir or Path("runs") / run_id
+    config = role_config(
+        CoordinatorConfig, job=job, run_log=workdir / "run.jsonl", **flag_values(args, CoordinatorConfig)
+    )
+    # The run's own prefix: its queues cannot meet those of any other deployment or run.
+    transport = config.transport.replace(prefix=f"{config.transport.prefix}-{run_id}")
+    config = dataclasses.replace(config, transport=transport)
     for sub in ("data", "policy", "logs"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     setup_logging("run", args.log_level)
@@ -127,7 +132,6 @@ def run(args: argparse.Namespace) -> int:
     children.start("learner", ["learner", "--config", str(job_file)])
     for i in range(args.collectors):
         children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}"])
-    config = CoordinatorConfig(transport=transport, job=job, run_log=workdir / "run.jsonl", progress=args.progress)
     try:
         summary = Coordinator(config, stop).run()
     except WarrenError as exc:

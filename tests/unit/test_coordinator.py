@@ -210,7 +210,7 @@ def test_a_busy_worker_refusal_frees_the_slot_for_a_new_task(tmp_path: Path) -> 
     assert StartTask.from_wire(bus.starts()[1].body).task_id != StartTask.from_wire(first.body).task_id
 
 
-def test_a_permanent_refusal_is_not_counted_as_a_rerun(tmp_path: Path) -> None:
+def test_a_refusal_other_than_busy_is_not_counted_as_a_rerun(tmp_path: Path) -> None:
     coordinator, bus = make(tmp_path, collect_tasks=1)
     coordinator.turn()
     bus.refuse(bus.starts()[0], Refusal.UNKNOWN_ENV.value)
@@ -340,3 +340,43 @@ def test_every_refusal_code_says_whether_retrying_can_help(refusal: Refusal) -> 
         Refusal.BAD_METADATA,
     }
     assert refusal.permanent is (refusal not in transient)
+
+
+def test_a_run_stopped_at_once_shuts_down_in_order(tmp_path: Path) -> None:
+    # Given a coordinator whose stop event is already set (Ctrl-C during start-up)
+    coordinator, bus = make(tmp_path, idle=2)
+    coordinator.stop.set()
+    # When it runs
+    summary = coordinator.run()
+    # Then it declared its queues, counted the workers, sent nothing, wrote the summary last and closed
+    assert bus.declared[-2:] == ["p.collector.tasks", "p.learner.main"]
+    assert summary["reason"] == "stopped by signal" and not summary["success"]
+    assert records(tmp_path, "summary") == [json.loads((tmp_path / "run.jsonl").read_text().splitlines()[-1])]
+    assert bus.closed
+
+
+def test_a_refused_close_completes_the_task_from_its_last_info(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    # an info without ids: the record still names the task the coordinator knows
+    bus.push(queue, {"collector_done": True, "cur_episode": 3, "cur_sample": 64, "cur_step": 64, "get_info_time": 12.5})
+    coordinator.turn()
+    bus.refuse(bus.sent[-1], Refusal.NO_RUNNING_COLLECTOR.value)
+    coordinator.turn()
+    (record,) = records(tmp_path, "task")
+    assert (record["task_id"], record["worker_id"], record["cur_step"]) == (task_id, "w1", 64)
+    assert record["get_info_time"] == 12.5
+
+
+def test_a_checkpoint_of_the_previous_format_still_resumes_a_finished_task(tmp_path: Path) -> None:
+    saved = {
+        "kind": "collect",
+        "worker_id": "w1",
+        "control_queue": "p.collector.control.w1",
+        "metadata_queue": "p.metadata.t1",
+        "counted": {"cur_step": 40, "cur_episode": 2},
+        "last_info": {"collector_done": True, "cur_episode": 2, "cur_sample": 40, "cur_step": 40},
+    }
+    _seq, (task,) = restore({"running": {"t1": saved}}, RunStats())
+    assert task.done and task.last_info is not None and task.last_info.cur_step == 40

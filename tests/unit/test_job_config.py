@@ -31,6 +31,9 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("[env]\nstop_vlaue = 1\n", "unknown keys"),
         ("[learner]\nlr = -1.0\n", r"\[learner\]"),
         ("not toml at all [", "cannot read config"),
+        ("[env]\ncollector_env_num = 100000\n", "would be refused: collector_cfg.env.env_num"),
+        ("[collector]\nupdate_policy_second = 0\n", "would be refused: collector_cfg.update_policy_second"),
+        ("[env]\nseed = 4294967290\n", "would be refused: collector_cfg.env.seed"),
     ],
 )
 def test_mistakes_in_a_config_file_are_configuration_errors(tmp_path: Path, text: str, match: str) -> None:

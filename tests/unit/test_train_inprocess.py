@@ -1,30 +1,34 @@
-"""The one-process training example (scripts/train_inprocess.py) runs and learns something."""
+"""The one-process training example (scripts/train_inprocess.py) collects, trains and evaluates."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import pytest
+
+from worker.rl.config import LearnerSpec
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_inprocess.py"
 
 
-def test_the_in_process_example_collects_trains_and_evaluates() -> None:
+def test_the_in_process_example_trains_at_the_replay_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("train_inprocess", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules["train_inprocess"] = example
+    spec.loader.exec_module(example)
     # Given a small budget and a target no policy reaches, when the example runs one seed
-    args = ["--seeds", "3", "--max-steps", "3000", "--eval-every", "1000", "--target", "1e9"]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train_inprocess.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    # Then it collected the budget, trained at the replay ratio and evaluated along the way
+    example.main(["--seeds", "3", "--max-steps", "1500", "--eval-every", "500", "--target", "1e9"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # Then it collected the budget, evaluated along the way, and trained at the replay ratio
+    # once the buffer held learning_starts transitions
+    defaults = LearnerSpec()
     assert result["seed"] == 3 and not result["solved"]
-    assert result["env_steps"] >= 3000
-    assert result["train_iter"] > 0
-    assert len(result["evals"]) >= 2 and all(reward > 0 for _, reward in result["evals"])
+    assert result["env_steps"] >= 1500
+    assert len(result["evals"]) >= 2
+    ratio = defaults.train_steps_per_sample
+    assert (result["env_steps"] - defaults.learning_starts) * ratio <= result["train_iter"] + 1
+    assert result["train_iter"] <= result["env_steps"] * ratio

@@ -68,6 +68,7 @@ class CollectorWorker:
 
         Raises:
             MessagingError: the broker could not be reached.
+            StorageError: the step data directory cannot be listed.
         """
         swept = self.steps.sweep_temp(STALE_TEMP_S)
         if swept:

@@ -63,6 +63,7 @@ class TaskDriver:
         stats: counters the metadata updates.
         task_queue: the shared queue start requests go to.
         learner_queue: where data metadata is forwarded.
+        buffer_id: the replay buffer named in every start request.
         timeouts: request deadlines and the silence limit.
         on_running: called when a task's start reply arrived (the coordinator checkpoints then).
         on_completed: called once per finished task.
@@ -140,6 +141,7 @@ class TaskDriver:
                 logger.warning("task %s: %s", task.task_id, exc.message)
 
     def advance(self, task: Task) -> None:
+        """One step of ``task``'s life: poll its start, read its stream, close it when done."""
         if task.task_id not in self.tasks:
             return
         if task.state is State.STARTING:
@@ -159,7 +161,7 @@ class TaskDriver:
             result = self.bus.poll(task.correlation_id)
         except RemoteError as exc:
             logger.error("task %s refused: %s %s", task.task_id, exc.message, exc.result)
-            self.drop(task, rerun=Refusal.of(exc) is Refusal.WORKER_BUSY)
+            self.drop(task, rerun=Refusal.of(exc.result) is Refusal.WORKER_BUSY)
             return
         if result is None:
             if time.monotonic() > task.deadline:
@@ -225,6 +227,7 @@ class TaskDriver:
     # -- closing --------------------------------------------------------------------
 
     def send_close(self, task: Task) -> None:
+        """Ask the task's worker to close it (a worker already gone completes it at once)."""
         assert task.control_queue is not None
         try:
             task.correlation_id = self.bus.send(
@@ -341,7 +344,8 @@ class TaskDriver:
             if task.state is State.RUNNING:
                 try:
                     self.send_close(task)
-                except MessagingError:
+                except MessagingError as exc:
+                    logger.warning("cannot close task %s (%s); leaving it", task.task_id, exc.message)
                     self.drop(task, rerun=False)
             elif task.state is State.STARTING and task.correlation_id is not None:
                 self.bus.abandon(task.correlation_id)

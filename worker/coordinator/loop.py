@@ -128,6 +128,7 @@ class Coordinator:
         return True
 
     def summary(self) -> dict[str, Any]:
+        """The run's outcome and counters (printed, written to ``summary.json`` and the run log)."""
         stats = self.stats
         return {
             "success": self.success,

@@ -8,7 +8,8 @@ from enum import StrEnum
 from typing import Any
 
 from worker.coordinator.bus import MetadataStream
-from worker.protocol import InfoItem, StartTask
+from worker.errors import TaskError
+from worker.protocol import InfoItem, StartTask, read_metadata
 
 
 class State(StrEnum):
@@ -68,11 +69,15 @@ class Task:
             "metadata_queue": self.metadata_queue,
             "counted": {"cur_step": self.steps_counted, "cur_episode": self.episodes_counted},
             "done": self.done,
+            "last_info": self.last_info.to_wire() if self.last_info is not None else None,
         }
 
     @classmethod
     def from_checkpoint(cls, task_id: str, saved: dict[str, Any]) -> Task:
         counted = dict(saved.get("counted") or {})
+        last_info = _info_or_none(saved.get("last_info"))
+        # Checkpoints of earlier versions have no "done": it was the last info's collector_done.
+        done = saved.get("done", last_info is not None and last_info.collector_done)
         return cls(
             task_id,
             Kind(saved["kind"]),
@@ -83,5 +88,16 @@ class Task:
             metadata_queue=saved.get("metadata_queue"),
             steps_counted=int(counted.get("cur_step", 0)),
             episodes_counted=int(counted.get("cur_episode", 0)),
-            done=bool(saved.get("done", False)),
+            last_info=last_info,
+            done=bool(done),
         )
+
+
+def _info_or_none(saved: Any) -> InfoItem | None:
+    if not isinstance(saved, dict):
+        return None
+    try:
+        info = read_metadata(saved)
+    except TaskError:
+        return None
+    return info if isinstance(info, InfoItem) else None

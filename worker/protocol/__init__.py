@@ -1,8 +1,9 @@
 """The wire contract every role speaks: tasks, replies, ``collector_cfg``, metadata, ``finish_info``.
 
-Role-neutral and broker-free: the coordinator, the collectors, the learner, the tests and
-the fuzzer meet here (and in ``docs/protocol.md``, which documents the same contract for
-clients in other languages); roles never import each other. Every type converts both
+Role-neutral, and free of broker calls (it uses only warren's error types): the
+coordinator, the collectors, the learner, the tests and the fuzzer meet here (and in
+``docs/protocol.md``, which documents the same contract for clients in other
+languages); roles never import each other. Every type converts both
 ways: ``to_wire()`` gives the msgpack-ready map, ``from_wire()`` validates an untrusted
 one and raises a :class:`~worker.errors.TaskError` carrying a :class:`Refusal` code.
 """

@@ -34,6 +34,13 @@ def checked_count(metadata: Mapping[str, Any], key: str) -> int:
     return value
 
 
+def _number(metadata: Mapping[str, Any], key: str, default: float) -> float:
+    value = metadata.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TaskError(f"metadata {key} must be a number, got {short_repr(value)}")
+    return float(value)
+
+
 def _optional_str(metadata: Mapping[str, Any], key: str) -> str | None:
     value = metadata.get(key)
     if value is not None and not isinstance(value, str):
@@ -61,7 +68,7 @@ class DataItem:
     priority: float = 1.0
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        return _without_none(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -82,12 +89,15 @@ class InfoItem:
     """The worker is shutting down mid-task (``collector_done`` false): run the task elsewhere."""
 
     def to_wire(self) -> dict[str, Any]:
-        wire = asdict(self)
-        if self.error is None:
-            del wire["error"]
+        wire = _without_none(asdict(self))
         if not self.aborted:
             del wire["aborted"]
         return wire
+
+
+def _without_none(wire: dict[str, Any]) -> dict[str, Any]:
+    """Optional keys that have no value are left out of the wire map, not sent as nil."""
+    return {key: value for key, value in wire.items() if value is not None}
 
 
 def check_metadata(metadata: Mapping[str, Any]) -> None:
@@ -129,6 +139,9 @@ def read_metadata(message: Mapping[str, Any]) -> DataItem | InfoItem:
             task_id=task_id,
             buffer_id=buffer_id,
             eval_flag=eval_flag,
+            compressor=_optional_str(message, "compressor") or "none",
+            get_data_time=_number(message, "get_data_time", time.time()),
+            priority=_number(message, "priority", 1.0),
         )
     error = message.get("error")
     return InfoItem(
@@ -139,6 +152,7 @@ def read_metadata(message: Mapping[str, Any]) -> DataItem | InfoItem:
         task_id=task_id,
         buffer_id=buffer_id,
         eval_flag=eval_flag,
+        get_info_time=_number(message, "get_info_time", time.time()),
         error=None if error is None else str(error),
         aborted=bool(message.get("aborted", False)),
     )

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from messaging import RemoteError
 from worker.errors import TaskError, short_repr
 from worker.protocol.checks import mapping
 from worker.protocol.collector_cfg import CollectorSpec
@@ -64,9 +63,9 @@ class Refusal(StrEnum):
         return TaskError(message, {"message": self.value, **detail})
 
     @classmethod
-    def of(cls, exc: RemoteError) -> Refusal | None:
-        """The code of a refusal a caller received, or ``None`` if it carries none we know."""
-        code = exc.result.get("message")
+    def of(cls, result: Mapping[str, Any]) -> Refusal | None:
+        """The code in a refusal's ``result``, or ``None`` if it carries none we know."""
+        code = result.get("message")
         try:
             return cls(code) if isinstance(code, str) else None
         except ValueError:
