@@ -125,6 +125,11 @@ def test_compose_services_train_together(stack_factory: Any, settings: Settings)
     assert replicas >= 2
     learner = stack.start("learner")
     collectors = [stack.start("collector", i) for i in range(replicas)]
+    # The job's time budget starts with the coordinator: let the workers come up first (on a
+    # loaded machine, importing torch alone can take most of the budget).
+    wait_until(
+        lambda: all(collector_connection(settings.amqp_url, c.pid) for c in collectors), 120, "collectors to connect"
+    )
     coordinator = stack.start("coordinator")
 
     code = coordinator.wait(RUN_BUDGET_S + 45)
