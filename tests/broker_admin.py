@@ -1,4 +1,8 @@
-"""Test helpers that act on the broker from the outside (management HTTP API)."""
+"""Test helpers that act on the broker from the outside (management HTTP API).
+
+Every helper talks to ``WARREN_MANAGEMENT_URL`` (the shared broker's management API)
+unless given ``management_url``: a private node's (``tests.rabbit_nodes``) is its own.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +25,13 @@ def _auth(amqp_url: str) -> str:
     return "Basic " + base64.b64encode(token).decode()
 
 
-def api(amqp_url: str, method: str, path: str) -> Any:
-    """Call the management API with the credentials of ``amqp_url``."""
-    request = urllib.request.Request(MANAGEMENT_URL + path, method=method)
+def api(amqp_url: str, method: str, path: str, body: Any = None, *, management_url: str | None = None) -> Any:
+    """Call the management API with the credentials of ``amqp_url``; ``body`` is sent as JSON."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request((management_url or MANAGEMENT_URL) + path, data=data, method=method)
     request.add_header("Authorization", _auth(amqp_url))
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=10) as response:
         data = response.read()
     return json.loads(data) if data else None
@@ -35,23 +42,29 @@ def vhost_of(amqp_url: str) -> str:
     return unquote(path) or "/"
 
 
-def connections(amqp_url: str) -> list[dict[str, Any]]:
+def connections(amqp_url: str, *, management_url: str | None = None) -> list[dict[str, Any]]:
     vhost = quote(vhost_of(amqp_url), safe="")
-    result: list[dict[str, Any]] = api(amqp_url, "GET", f"/api/vhosts/{vhost}/connections")
+    result: list[dict[str, Any]] = api(
+        amqp_url, "GET", f"/api/vhosts/{vhost}/connections", management_url=management_url
+    )
     return result
 
 
-def connection_names(amqp_url: str) -> list[str]:
-    return [c.get("client_properties", {}).get("connection_name", "") for c in connections(amqp_url)]
+def connection_names(amqp_url: str, *, management_url: str | None = None) -> list[str]:
+    return [
+        c.get("client_properties", {}).get("connection_name", "")
+        for c in connections(amqp_url, management_url=management_url)
+    ]
 
 
-def close_connections(amqp_url: str, match: Callable[[str], bool]) -> int:
+def close_connections(amqp_url: str, match: Callable[[str], bool], *, management_url: str | None = None) -> int:
     """Close, from the broker side, every connection whose connection_name matches."""
     closed = 0
-    for conn in connections(amqp_url):
+    for conn in connections(amqp_url, management_url=management_url):
         if match(conn.get("client_properties", {}).get("connection_name", "")):
             try:
-                api(amqp_url, "DELETE", "/api/connections/" + quote(conn["name"], safe=""))
+                path = "/api/connections/" + quote(conn["name"], safe="")
+                api(amqp_url, "DELETE", path, management_url=management_url)
                 closed += 1
             except urllib.error.HTTPError as exc:
                 if exc.code != 404:
@@ -68,8 +81,9 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         time.sleep(0.1)
 
 
-def queues(amqp_url: str) -> list[dict[str, Any]]:
+def queues(amqp_url: str, *, management_url: str | None = None) -> list[dict[str, Any]]:
     """Every queue of the URL's vhost, with its declared arguments."""
     vhost = quote(vhost_of(amqp_url), safe="")
-    result: list[dict[str, Any]] = api(amqp_url, "GET", f"/api/queues/{vhost}?columns=name,arguments")
+    path = f"/api/queues/{vhost}?columns=name,arguments"
+    result: list[dict[str, Any]] = api(amqp_url, "GET", path, management_url=management_url)
     return result

@@ -86,3 +86,13 @@ def cluster(settings: Settings, tmp_path: Path, link: BrokerLink) -> Iterator[Cl
     group = Cluster(settings, tmp_path, link)
     yield group
     group.stop_all()
+
+
+@pytest.fixture
+def cluster_on_private_broker(
+    private_settings: Settings, tmp_path: Path, private_link: BrokerLink
+) -> Iterator[Cluster]:
+    """The same processes on the session's private broker, for tests that restart the broker."""
+    group = Cluster(private_settings, tmp_path, private_link)
+    yield group
+    group.stop_all()

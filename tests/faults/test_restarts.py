@@ -1,10 +1,12 @@
-"""Restarts: the broker (stop_app/start_app), the coordinator and the learner, mid-run."""
+"""Restarts: the broker (stop_app/start_app), the coordinator and the learner, mid-run.
+
+The broker restarted is the session's private node (``private_broker``), never the
+shared broker on ``WARREN_AMQP_URL``.
+"""
 
 from __future__ import annotations
 
-import shutil
 import signal
-import subprocess
 import threading
 import time
 
@@ -14,26 +16,25 @@ from messaging import BrokerLink, MessagingError, MetadataConsumer, MetadataPubl
 from tests import broker_admin
 from tests.fault_report import record, scaled
 from tests.faults.conftest import Cluster
+from tests.rabbit_nodes import PrivateNode
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.fault]
 
-needs_rabbitmqctl = pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs a local rabbitmqctl")
 
-
-def _restart_broker(down_s: float) -> float:
-    """stop_app, wait, start_app; returns how long the broker was unavailable."""
+def _restart_broker(node: PrivateNode, down_s: float) -> float:
+    """stop_app, wait, start_app on the private node; returns how long it was unavailable."""
     started = time.monotonic()
-    subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120, capture_output=True)
+    node.stop_app()
     time.sleep(down_s)
-    subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120, capture_output=True)
-    subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=False, timeout=120, capture_output=True)
+    node.start_app()
     return time.monotonic() - started
 
 
-@needs_rabbitmqctl
-def test_metadata_confirmed_before_a_broker_restart_is_all_there_after_it(settings: Settings) -> None:
+def test_metadata_confirmed_before_a_broker_restart_is_all_there_after_it(
+    private_broker: PrivateNode, private_settings: Settings
+) -> None:
     # Given a publisher sending numbered metadata with confirms, through a broker restart
-    patient = settings.replace(connect_timeout_s=90)
+    patient = private_settings.replace(connect_timeout_s=90)
     queue = Names(patient.prefix).metadata_decl("restart", max_length=100_000, expires_s=600)
     confirmed: list[int] = []
     failed: list[int] = []
@@ -54,7 +55,7 @@ def test_metadata_confirmed_before_a_broker_restart_is_all_there_after_it(settin
     thread = threading.Thread(target=publish)
     thread.start()
     broker_admin.wait_until(lambda: len(confirmed) > 200, 30, "some confirmed publishes")
-    downtime = _restart_broker(scaled(2, 10))
+    downtime = _restart_broker(private_broker, scaled(2, 10))
     broker_admin.wait_until(lambda: len(confirmed) > 0 and confirmed[-1] > 0 and len(confirmed) > 400, 90, "more")
     stop.set()
     thread.join(60)
@@ -79,9 +80,11 @@ def test_metadata_confirmed_before_a_broker_restart_is_all_there_after_it(settin
     )
 
 
-@needs_rabbitmqctl
-def test_the_whole_job_survives_a_broker_restart(cluster: Cluster, settings: Settings) -> None:
+def test_the_whole_job_survives_a_broker_restart(
+    private_broker: PrivateNode, cluster_on_private_broker: Cluster
+) -> None:
     # Given a running job whose processes allow a minute of reconnecting
+    cluster = cluster_on_private_broker
     patient = {"WARREN_CONNECT_TIMEOUT_S": "90"}
     budget = scaled(12_000, 150_000)
     cluster.write_job(f"[coordinator]\ncollect_tasks = 2\nmax_time_s = 240.0\nmax_env_steps = {budget}\n")
@@ -104,7 +107,7 @@ def test_the_whole_job_survives_a_broker_restart(cluster: Cluster, settings: Set
     )
     broker_admin.wait_until(lambda: len(cluster.records("task")) >= 2, 90, "the first finished tasks")
     # When the broker application stops and starts again mid-run
-    downtime = _restart_broker(scaled(2, 10))
+    downtime = _restart_broker(private_broker, scaled(2, 10))
     # Then every role reconnects by itself and the run goes on to the end of its budget
     assert coordinator.wait(260) == 3, coordinator.log()[-3000:]
     summary = cluster.summary(coordinator)
