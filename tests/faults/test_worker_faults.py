@@ -115,9 +115,11 @@ def test_a_worker_whose_connections_are_cut_reconnects_and_carries_on(
     start = start_task("cut-1", random_policy_cfg(2, n_sample=3000))
     with RpcClient(settings, "test-client") as client:
         started = client.call(names.collector_tasks, start)
+        # Both the worker's connection and its task thread's: the management API lists a
+        # new connection only after its next statistics interval.
         broker_admin.wait_until(
-            lambda: any(n.startswith("warren-collector-c0@") for n in broker_admin.connection_names(amqp_url)),
-            15,
+            lambda: sum(n.startswith("warren-collector-c0") for n in broker_admin.connection_names(amqp_url)) >= 2,
+            30,
             "the worker's connections to be listed",
         )
         with BrokerLink(settings, "test-reader") as reader:
