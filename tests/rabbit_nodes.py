@@ -471,7 +471,7 @@ class PrivateNode:
 class PrivateCluster:
     """1 or more private RabbitMQ nodes in one directory, clustered when more than one.
 
-    ``PrivateCluster.start(3)`` boots every node in parallel; node 0 is the seed, the
+    ``PrivateCluster.start(3)`` boots node 0 (the seed), then the others in parallel; the
     others join it while booting. ``stop()`` stops every node and removes the directory.
     """
 
@@ -546,11 +546,13 @@ class PrivateCluster:
         seed = self.nodes[0]
         for node in self.nodes:
             node.write_files(None if node is seed else seed)
-        # All in parallel: most of a boot is loading code (CPU), which overlaps the
-        # joiners' wait for the seed's database.
-        for node in self.nodes:
+        # The seed first, then the joiners together: a node that joins while the seed is still
+        # creating its tables copies them half-made and stops (schema_integrity_check_failed).
+        seed.spawn()
+        seed.await_ready(deadline)
+        for node in self.nodes[1:]:
             node.spawn()
-        for node in self.nodes:
+        for node in self.nodes[1:]:
             node.await_ready(deadline)
         self.timings["nodes_up_s"] = time.monotonic() - started
         if len(self.nodes) > 1:
