@@ -59,6 +59,21 @@ def info(task_id: str, *, steps: int, done: bool = False, **extra: Any) -> dict[
     ).to_wire()
 
 
+def finished(*, eval_flag: bool, train_iter: int, steps: int, returns: list[float]) -> FinishInfo:
+    """A worker's close reply after ``steps`` env steps and these episode returns."""
+    return FinishInfo.measured(
+        eval_flag=eval_flag,
+        env_num=5,
+        duration=1.0,
+        train_iter=train_iter,
+        collector_done=True,
+        predefined_episode_count=len(returns) if eval_flag else 0,
+        steps=steps,
+        samples=0 if eval_flag else steps,
+        returns=returns,
+    )
+
+
 def started(bus: FakeBus, coordinator: Coordinator, worker: str = "w1") -> tuple[Sent, str]:
     """Run a turn, accept the newest start request on ``worker``; returns it and its metadata queue."""
     coordinator.turn()
@@ -146,18 +161,7 @@ def test_collector_done_closes_the_task_and_logs_its_finish_info(tmp_path: Path)
     coordinator.turn()
     close = bus.sent[-1]
     assert close.queue == "p.collector.control.w1" and close.body == {"name": TaskName.CLOSE.value}
-    finish = FinishInfo.measured(
-        eval_flag=False,
-        env_num=4,
-        duration=1.0,
-        train_iter=7,
-        collector_done=True,
-        predefined_episode_count=0,
-        steps=256,
-        samples=256,
-        returns=[20.0],
-    )
-    bus.replies[close.correlation_id] = finish.to_wire()
+    bus.replies[close.correlation_id] = finished(eval_flag=False, train_iter=7, steps=256, returns=[20.0]).to_wire()
     coordinator.turn()
     # Then the task is done, its metadata queue deleted, and a new one took its slot
     assert task_id not in coordinator.driver.tasks
@@ -179,18 +183,9 @@ def test_an_eval_reaching_the_stop_value_ends_the_run(tmp_path: Path) -> None:
     task_id = reply.task_id
     bus.push(reply.metadata_queue, info(task_id, steps=1000, done=True))
     coordinator.turn()
-    finish = FinishInfo.measured(
-        eval_flag=True,
-        env_num=5,
-        duration=2.0,
-        train_iter=99,
-        collector_done=True,
-        predefined_episode_count=5,
-        steps=1000,
-        samples=0,
-        returns=[200.0] * 5,
-    )
-    bus.replies[bus.sent[-1].correlation_id] = finish.to_wire()
+    bus.replies[bus.sent[-1].correlation_id] = finished(
+        eval_flag=True, train_iter=99, steps=1000, returns=[200.0] * 5
+    ).to_wire()
     coordinator.turn()
     assert coordinator.success and coordinator._finished()
     assert coordinator.stats.best_eval == 200.0
