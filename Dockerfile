@@ -6,7 +6,13 @@
 #
 # torch comes from TORCH_INDEX_URL (CPU wheels by default, a few hundred MB instead
 # of several GB); every other dependency comes from PyPI, as listed in pyproject.toml.
-FROM python:3.11-slim-bookworm
+#
+# PYTHON_IMAGE replaces the base image: any Debian-based image with Python 3.11 as
+# `python`. An image that sets pip's own variables (PIP_NO_INDEX=1, PIP_FIND_LINKS=<a
+# directory of wheels>) gets every package from those wheels, with no index at all:
+# scripts/local-images builds such an image for machines without a registry.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
@@ -20,11 +26,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # tini runs as PID 1: it hands SIGTERM/SIGINT on to warren (which stops cleanly on the
 # first and exits at once on the second) and reaps zombies. The Debian release is fixed
-# by the base image tag, so its tini package is not pinned separately.
+# by the base image tag, so its tini package is not pinned separately; a base image
+# that already has it needs no package index.
 # hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini \
-    && rm -rf /var/lib/apt/lists/*
+RUN if [ ! -x /usr/bin/tini ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends tini \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 
 # An unprivileged user; /data is where the compose file mounts the shared volume, and a
 # fresh named volume takes over this directory's owner, so the user can write to it.

@@ -121,7 +121,7 @@ def read_run_log(path: Path) -> list[dict[str, Any]]:
 
 def test_compose_services_train_together(stack_factory: Any, settings: Settings) -> None:
     stack = stack_factory(WARREN_MAX_TIME_S=str(RUN_BUDGET_S))
-    replicas = int(stack.service("collector")["deploy"]["replicas"])
+    replicas = int(stack.service("collector")["scale"])
     assert replicas >= 2
     learner = stack.start("learner")
     collectors = [stack.start("collector", i) for i in range(replicas)]

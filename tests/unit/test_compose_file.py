@@ -114,7 +114,9 @@ def test_docker_compose_accepts_the_file_and_reads_it_as_we_do(env_name: str, tm
     collector = rendered["services"]["collector"]
     assert "container_name" not in collector
     assert "ports" not in collector
-    assert collector["deploy"]["replicas"] == int(variables.get("WARREN_COLLECTORS", "2"))
+    # `scale`, not deploy.replicas: docker-compose 1.x ignores deploy.replicas without --compatibility.
+    assert collector["scale"] == int(variables.get("WARREN_COLLECTORS", "2"))
+    assert "deploy" not in collector
     for name in WARREN_SERVICES:
         assert rendered["services"][name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
     rabbit_env = rendered["services"]["rabbitmq"]["environment"]
@@ -253,7 +255,7 @@ def test_job_variables_reach_the_coordinator_and_learner() -> None:
     assert {flag: arg_after(coordinator, flag) for flag in expected} == expected
     learner = service_command(services["learner"])
     assert (arg_after(learner, "--env-id"), arg_after(learner, "--seed")) == ("Acrobot-v1", "9")
-    assert services["collector"]["deploy"]["replicas"] == "7"
+    assert services["collector"]["scale"] == "7"
 
 
 def test_compose_defaults_are_warrens_defaults() -> None:
@@ -308,11 +310,25 @@ def test_env_example_matches_the_compose_file() -> None:
         assert variable in EXAMPLE
 
 
-def test_torch_build_args_match_the_dockerfile() -> None:
+def test_build_args_match_the_dockerfile() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     build_args = load_compose({})["services"]["collector"]["build"]["args"]
+    assert set(build_args) == {"PYTHON_IMAGE", "TORCH_INDEX_URL", "TORCH_VERSION"}
     for name, value in build_args.items():
         assert f"ARG {name}={value}\n" in dockerfile, name
+
+
+def test_images_are_parameters_with_the_official_images_as_defaults() -> None:
+    defaults = load_compose({})["services"]
+    assert defaults["rabbitmq"]["image"] == "rabbitmq:3.13-management"
+    assert defaults["collector"]["build"]["args"]["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    local = {"RABBITMQ_IMAGE": "localhost/r:1", "PYTHON_IMAGE": "localhost/p:1", "WARREN_IMAGE": "localhost/w:1"}
+    services = load_compose(local)["services"]
+    assert services["rabbitmq"]["image"] == "localhost/r:1"
+    for name in WARREN_SERVICES:
+        assert services[name]["build"]["args"]["PYTHON_IMAGE"] == "localhost/p:1", name
+        assert services[name]["image"] == "localhost/w:1", name
+    assert {"RABBITMQ_IMAGE", "PYTHON_IMAGE", "WARREN_IMAGE"} <= set(EXAMPLE)
 
 
 def test_docs_describe_every_variable() -> None:

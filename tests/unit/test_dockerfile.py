@@ -71,8 +71,14 @@ def test_hadolint_finds_nothing() -> None:
 
 
 def test_slim_python_311_base_and_cpu_torch_by_default() -> None:
-    (base,) = [args for kw, args in instructions() if kw == "FROM"]
-    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
+    steps = instructions()
+    (base,) = [args for kw, args in steps if kw == "FROM"]
+    # The base image is a build argument (PYTHON_IMAGE), declared before FROM, whose
+    # default is the official slim image.
+    assert base == "${PYTHON_IMAGE}"
+    first = indexes("FROM")[0]
+    before = dict(a.split("=", 1) for kw, a in steps[:first] if kw == "ARG")
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", before["PYTHON_IMAGE"]), before
     args = dict(a.split("=", 1) for kw, a in instructions() if kw == "ARG" and "=" in a)
     assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
     assert re.fullmatch(r"\d+\.\d+\.\d+", args["TORCH_VERSION"])
@@ -103,6 +109,8 @@ def test_tini_is_pid_1_and_warren_its_child_in_exec_form() -> None:
     install = [a for kw, a in instructions() if kw == "RUN" and "apt-get install" in a]
     assert install and "tini" in install[0].split()
     assert "rm -rf /var/lib/apt/lists/*" in install[0]
+    # Only when the base image lacks it: a local base image brings tini and has no apt index.
+    assert install[0].startswith("if [ ! -x /usr/bin/tini ]; then")
     assert not indexes("STOPSIGNAL") or "SIGTERM" in instructions()[indexes("STOPSIGNAL")[0]][1]
 
 
