@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from messaging import Delivery, Envelope, MetadataItem, QueueDecl, QueueNotFound, RemoteError, encode
+from messaging import Delivery, Envelope, MessagingError, MetadataItem, QueueDecl, QueueNotFound, RemoteError, encode
 from worker.protocol import StartReply, StartTask, TaskName
 
 
@@ -54,6 +54,9 @@ class FakeBus:
     decoded: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     alive: set[str] = field(default_factory=set)
     forwarded: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """Confirmed copies sent to the learner's queue."""
+    unconfirmed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    confirm_failure: MessagingError | None = None
     settled: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """(queue, "ack" | "requeue" | "dead-letter", message) in settlement order."""
     deleted: list[str] = field(default_factory=list)
@@ -88,7 +91,13 @@ class FakeBus:
         return FakeStream(self, queue)
 
     def forward(self, queue: str, body: bytes) -> None:
-        self.forwarded.append((queue, self.decoded[body]))
+        self.unconfirmed.append((queue, self.decoded[body]))
+
+    def confirm_forwarded(self, timeout_s: float) -> None:
+        if self.confirm_failure is not None:
+            raise self.confirm_failure
+        self.forwarded += self.unconfirmed
+        self.unconfirmed.clear()
 
     def consumers(self, queue: str) -> int:
         return self.idle_workers

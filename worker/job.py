@@ -36,8 +36,8 @@ from worker.rl.config import LearnerSpec
 class EnvSection:
     id: str = "CartPole-v1"
     """gymnasium id (flat Box observations, Discrete actions)."""
-    collector_env_num: int = 4
-    """Envs per collect task, stepped as one batch."""
+    collector_env_num: int = 64
+    """Envs per collect task, stepped as one vector env (one policy forward pass per step)."""
     evaluator_env_num: int = 5
     """Envs per eval task."""
     eval_episodes: int = 1
@@ -49,10 +49,10 @@ class EnvSection:
 
 @dataclass(frozen=True)
 class CollectorSection:
-    n_sample: int = 256
+    n_sample: int = 8192
     """Train samples per collect task (a task is a unit of work a worker takes)."""
-    traj_len: int = 32
-    """Transitions per step data file (fewer at episode ends)."""
+    traj_len: int = 64
+    """Steps per chunk (``T``): a step data file holds ``traj_len x collector_env_num`` transitions."""
     update_policy_second: float = 1.0
     """How often collectors re-read the policy file."""
 
@@ -72,6 +72,10 @@ class CoordinatorSection:
     """A start task no worker took within this long is sent again."""
     task_silence_s: float = 60.0
     """A running task that sends nothing for this long is checked on, then re-run elsewhere."""
+    learner_backlog_samples: int = 16384
+    """Rate limit: new collect tasks start only while the learner has fewer samples than this
+    waiting unread, so collectors never run more than this (plus the tasks running) ahead
+    of training."""
     buffer_id: str = "main"
     """Replay buffer id: names the learner's data queue."""
     policy_name: str = "policy_main"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from messaging import Settings
+from messaging import MessagingError, Settings
 from tests.fake_bus import FakeBus, Sent
 from worker.config import CoordinatorConfig
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
@@ -43,8 +43,9 @@ def data(task_id: str, n: int, *, steps: int, policy_iter: int = 3) -> dict[str,
     return DataItem(
         data_id=f"env_0_{task_id}_{n}",
         policy_iter=policy_iter,
-        unroll_len=8,
-        env_id=0,
+        unroll_len=2,
+        env_num=4,
+        sample_count=8,
         cur_episode=0,
         cur_sample=8 * n,
         cur_step=steps,
@@ -118,14 +119,30 @@ def test_data_is_forwarded_to_the_learner_before_its_stream_item_is_acked(tmp_pa
     bus.push(queue, data(task_id, 2, steps=16, policy_iter=5))
     bus.push(queue, info(task_id, steps=16))
     coordinator.turn()
-    # Then both data items went to the learner, in order, and every item was acked
+    # Then both data items went to the learner, in order, and every item was acked,
+    # the data ones only after the broker confirmed their copies
     assert [m["data_id"] for q, m in bus.forwarded if q == "p.learner.main"] == [
         f"env_0_{task_id}_1",
         f"env_0_{task_id}_2",
     ]
-    assert [outcome for _, outcome, _ in bus.settled] == ["ack", "ack", "ack"]
+    assert [(outcome, "data_id" in m) for _, outcome, m in bus.settled] == [
+        ("ack", False),
+        ("ack", True),
+        ("ack", True),
+    ]
     stats = coordinator.stats
     assert (stats.samples, stats.data_items, stats.env_steps, stats.policy_iter) == (16, 2, 16, 5)
+
+
+def test_data_whose_copy_was_not_confirmed_goes_back_to_its_stream(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, data(task_id, 1, steps=8))
+    bus.confirm_failure = MessagingError("not confirmed in time")
+    with pytest.raises(MessagingError):
+        coordinator.driver.advance_all()
+    assert [outcome for _, outcome, _ in bus.settled] == ["requeue"]
 
 
 def test_repeated_counters_are_counted_once(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from messaging import BrokerLink, CodecError, MessagingError, MetadataPublisher,
 from worker.collector.sink import BrokerSink
 from worker.errors import WarrenError
 from worker.protocol import FinishInfo, InfoItem, StartTask
-from worker.rl.envs import EnvBatch
+from worker.rl.envs import VecEnvBatch
 from worker.rl.rollout import Rollout
 from worker.storage import FileStamp, PolicySnapshot, PolicyStore, StepStore
 
@@ -63,7 +63,7 @@ class CollectorRun:
         policies: PolicyStore,
         policy_wait_s: float,
         stall_timeout_s: float,
-        envs: EnvBatch | None = None,
+        envs: VecEnvBatch | None = None,
     ) -> None:
         self.start_task = start
         self.metadata = metadata

@@ -26,7 +26,7 @@ from worker.collector.run import CollectorRun
 from worker.config import CollectorConfig
 from worker.errors import UnsafePath, WarrenError
 from worker.protocol import FinishInfo, Refusal, ResourceReply, StartReply, StartTask, TaskName, task_name
-from worker.rl.envs import EnvBatch, make_env
+from worker.rl.envs import VecEnvBatch, make_env
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class CollectorWorker:
         self.control_queue = self.names.collector_control(config.worker_id)
         self._lock = threading.Lock()
         self._run: CollectorRun | None = None
-        self._envs: EnvBatch | None = None
+        self._envs: VecEnvBatch | None = None
         self.tasks_started = 0
 
     # -- lifecycle ------------------------------------------------------------------
@@ -196,7 +196,7 @@ class CollectorWorker:
         except UnsafePath as exc:
             raise Refusal.UNSAFE_PATH.error(f"refused policy_update_path: {exc.message}") from None
 
-    def _envs_for(self, start: StartTask) -> EnvBatch | None:
+    def _envs_for(self, start: StartTask) -> VecEnvBatch | None:
         spec = start.cfg
         if spec.eval_flag:
             # Eval tasks measure fresh episodes on their own envs; check the env now all the same
@@ -208,7 +208,7 @@ class CollectorWorker:
             envs.close()
             envs = None
         if envs is None:
-            envs = EnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
+            envs = VecEnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
         self._envs = envs
         return envs
 

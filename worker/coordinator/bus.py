@@ -64,7 +64,15 @@ class CoordinatorBus(Protocol):
         ...
 
     def forward(self, queue: str, body: bytes) -> None:
-        """Publish ``body`` persistently to ``queue`` and wait for the broker's confirm."""
+        """Publish ``body`` persistently to ``queue``, without waiting for the broker's confirm."""
+        ...
+
+    def confirm_forwarded(self, timeout_s: float) -> None:
+        """Wait until the broker confirmed everything forwarded so far.
+
+        Raises:
+            MessagingError: not confirmed in time, or the publisher failed.
+        """
         ...
 
     def consumers(self, queue: str) -> int:
@@ -116,6 +124,9 @@ class BrokerBus:
 
     def forward(self, queue: str, body: bytes) -> None:
         self.link.publish(queue, body, persistent=True)
+
+    def confirm_forwarded(self, timeout_s: float) -> None:
+        pass  # link.publish waited for each confirm already
 
     def consumers(self, queue: str) -> int:
         return self.link.queue_consumers(queue) or 0

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 START_GRACE_S = 5.0
 #: How long the metadata left by a lost worker may take to read.
 DRAIN_S = 5.0
+#: How long the broker may take to confirm a turn's forwarded data.
+CONFIRM_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class TaskDriver:
         self.on_dropped = on_dropped
         self.tasks: dict[str, Task] = {}
         self.seq = 0
+        self._forwarded: list[MetadataItem] = []
+        """Data items sent on to the learner, acked once the broker confirmed the copies."""
 
     # -- starting -------------------------------------------------------------------
 
@@ -132,13 +136,37 @@ class TaskDriver:
 
     def advance_all(self) -> None:
         """One turn for every task; a task whose request fails is logged and retried next turn."""
-        for task in list(self.tasks.values()):
-            try:
-                self.advance(task)
-            except BrokerConnectionError:
-                raise
-            except MessagingError as exc:
-                logger.warning("task %s: %s", task.task_id, exc.message)
+        try:
+            for task in list(self.tasks.values()):
+                try:
+                    self.advance(task)
+                except BrokerConnectionError:
+                    raise
+                except MessagingError as exc:
+                    logger.warning("task %s: %s", task.task_id, exc.message)
+        finally:
+            self.settle_forwarded()
+
+    def settle_forwarded(self) -> None:
+        """Ack the stream items whose copies the learner's queue confirmed.
+
+        One wait per turn for all the data forwarded in it, instead of one confirm per
+        item. The learner's copy is confirmed before the stream's is acked, so nothing is
+        lost if the coordinator dies in between (the learner may see an item twice and
+        recognises it by its ``data_id``); if the confirm fails, the items go back to
+        their streams and are forwarded again.
+        """
+        if not self._forwarded:
+            return
+        items, self._forwarded = self._forwarded, []
+        try:
+            self.bus.confirm_forwarded(CONFIRM_S)
+        except MessagingError:
+            for item in items:
+                item.requeue()
+            raise
+        for item in items:
+            item.ack()
 
     def advance(self, task: Task) -> None:
         """One step of ``task``'s life: poll its start, read its stream, close it when done."""
@@ -202,10 +230,9 @@ class TaskDriver:
             item.delivery.nack(requeue=False)
             return
         if isinstance(metadata, DataItem):
-            # The learner's copy is confirmed before the stream's is acked: nothing is lost
-            # if we die in between (the learner may see it twice, and skips a vanished file).
             self.bus.forward(self.learner_queue, item.delivery.envelope.body)
-            self.stats.samples += metadata.unroll_len
+            self._forwarded.append(item)  # acked by settle_forwarded
+            self.stats.samples += metadata.sample_count
             self.stats.data_items += 1
             self.stats.policy_iter = max(self.stats.policy_iter, metadata.policy_iter)
         else:
@@ -222,7 +249,8 @@ class TaskDriver:
             steps, episodes = task.count(metadata.cur_step, metadata.cur_episode)
             self.stats.env_steps += steps
             self.stats.episodes += episodes
-        item.ack()
+        if not isinstance(metadata, DataItem):
+            item.ack()
 
     # -- closing --------------------------------------------------------------------
 
@@ -266,6 +294,7 @@ class TaskDriver:
         if self.tasks.pop(task.task_id, None) is None:
             return  # already completed or dropped (e.g. its worker aborted meanwhile)
         self.read(task)
+        self.settle_forwarded()  # before its queue goes: what was read must be safe with the learner
         self._release(task)
         self.stats.tasks_done += 1
         self.on_completed(task, finish)
@@ -320,6 +349,7 @@ class TaskDriver:
         """Forget a task that will not complete; ``rerun`` counts it as one to run again."""
         if self.tasks.pop(task.task_id, None) is None:
             return  # already dropped or completed
+        self.settle_forwarded()
         self._release(task)
         if rerun:
             self.stats.tasks_rerun += 1

@@ -144,6 +144,8 @@ class Coordinator:
             "tasks_rerun": stats.tasks_rerun,
             "evals": stats.evals,
             "policy_iter": stats.policy_iter,
+            "replay_ratio": round(stats.replay_ratio(), 4),
+            "replay_ratio_configured": self.job.learner.train_steps_per_sample,
             "workers_seen": sorted(stats.workers),
         }
 
@@ -152,7 +154,10 @@ class Coordinator:
     def _fill(self) -> None:
         tasks = self.driver.tasks.values()
         collecting = sum(1 for t in tasks if t.kind is Kind.COLLECT)
-        for _ in range(self._collect_target(collecting) - collecting):
+        wanted = self._collect_target(collecting) - collecting
+        if wanted > 0 and self._learner_behind():
+            wanted = 0
+        for _ in range(wanted):
             eps = self.job.learner.epsilon(self.stats.env_steps)
             self.driver.launch(Kind.COLLECT, self.job.collect_spec(eps))
         now = time.monotonic()
@@ -173,6 +178,20 @@ class Coordinator:
         spare = max(0, self._idle_workers - starting)
         self._idle_workers -= min(self._idle_workers, spare)  # claimed until the next count
         return max(1, collecting + spare)
+
+    def _learner_behind(self) -> bool:
+        """The rate limiter: is more unread data waiting for the learner than the job allows?
+
+        The learner takes data only as fast as it trains at its replay ratio, so the
+        samples in its queue are how far collection runs ahead of training.
+        """
+        items = self.bus.depth(self.names.learner_data(self.job.coordinator.buffer_id))
+        per_item = self.stats.samples / self.stats.data_items if self.stats.data_items else 0.0
+        behind = items * per_item > self.job.coordinator.learner_backlog_samples
+        if behind != self.stats.held_back:
+            logger.info("%s collection: the learner has %d chunks unread", "holding" if behind else "resuming", items)
+        self.stats.held_back = behind
+        return behind
 
     # -- outcomes -------------------------------------------------------------------
 
@@ -197,6 +216,7 @@ class Coordinator:
             logger.warning("eval task %s produced no episodes (%s)", task.task_id, finish and finish.error)
             return
         self.stats.record_eval(finish.reward_mean)
+        self.stats.policy_iter = max(self.stats.policy_iter, finish.train_iter)
         record["steps_per_s"] = round(self.stats.steps_per_s(), 1)
         record["elapsed_s"] = round(self.stats.elapsed(), 2)
         self.run_log.write("eval", record)

@@ -41,7 +41,8 @@ class Progress:
         text = (
             f"{_clock(stats.elapsed())} | env steps {stats.env_steps:,} | {stats.steps_per_s():,.0f} steps/s"
             f" | samples {stats.samples:,} | episodes {stats.episodes:,} | eval {eval_text}"
-            f" | workers {workers_alive} | policy iter {stats.policy_iter:,}"
+            f" | workers {workers_alive} | policy iter {stats.policy_iter:,} | ratio {stats.replay_ratio():.3f}"
+            + (" | held: learner behind" if stats.held_back else "")
         )
         if self.mode == "line":
             self.stream.write("\r\x1b[2K" + text)
@@ -59,7 +60,8 @@ class Progress:
             f"run {outcome} the stop value {summary['stop_value']} ({summary['reason']}): "
             f"best eval return {summary['best_eval']}, {summary['env_steps']:,} env steps, "
             f"{summary['wall_time_s']:.0f} s, {summary['tasks_done']} tasks ({summary['tasks_rerun']} re-run), "
-            f"policy iter {summary['policy_iter']:,}\n"
+            f"policy iter {summary['policy_iter']:,}, replay ratio {summary['replay_ratio']:.3f} "
+            f"(configured {summary['replay_ratio_configured']})\n"
         )
         self.stream.flush()
 

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 #: Messages taken from the queue per loop turn before training resumes.
 _MAX_BATCH = 64
+#: Data metadata the broker hands the learner ahead of its acks. Small on purpose: what the
+#: learner has not taken yet stays visible as the queue's depth, which is how the
+#: coordinator sees that the learner is behind and holds the collectors back.
+_PREFETCH = 2
 #: data_ids remembered to skip redeliveries of data already learned from.
 _RECENT_IDS = 100_000
 
@@ -80,13 +84,15 @@ class Learner:
             if swept:
                 logger.info("removed %d temp files that crashed writers left behind", swept)
             self._resume_or_start()
-            consumer = MetadataConsumer(link, queue_decl.name, prefetch=_MAX_BATCH)
+            consumer = MetadataConsumer(link, queue_decl.name, prefetch=_PREFETCH)
             logger.info("learning from %s, writing %s", queue_decl.name, self.policies.path(self._policy_name))
             last_report = time.monotonic()
             while not self.stop.is_set():
-                wait = 0.0 if self._can_train() else 0.2
                 try:
-                    self._take(consumer, wait)
+                    if self._can_train():
+                        link.process_events(0.0)  # heartbeats; the data waits until training caught up
+                    else:
+                        self._take(consumer, 0.2)
                 except BrokerConnectionError as exc:
                     # The link reconnects by itself on its next use; keep training meanwhile.
                     logger.error("broker unavailable: %s", exc.message)
@@ -127,12 +133,16 @@ class Learner:
         return self.job.coordinator.policy_name
 
     def _take(self, consumer: MetadataConsumer, wait_s: float) -> None:
+        """Take data until there is training to do: the replay ratio is kept by never
+        ingesting more than the learner has trained on (credit below one step)."""
         for _ in range(_MAX_BATCH):
             item = consumer.get(wait_s)
             if item is None:
                 return
             wait_s = 0.0
             self._ingest(item)
+            if self._can_train():
+                return
 
     def _ingest(self, item: MetadataItem) -> None:
         try:
@@ -203,11 +213,14 @@ class Learner:
     def _report(self) -> None:
         s = self.stats
         logger.info(
-            "iter %d | buffer %d | samples %d from %d files | loss %.4f | skipped %d missing, %d corrupt",
+            "iter %d | buffer %d | samples %d from %d files | replay ratio %.3f (configured %.3f) | loss %.4f"
+            " | skipped %d missing, %d corrupt",
             self.learner.iter,
             len(self.buffer),
             s.samples,
             s.items,
+            s.train_steps / s.samples if s.samples else 0.0,
+            self.job.learner.train_steps_per_sample,
             s.last_loss,
             s.missing_files,
             s.corrupt_files,

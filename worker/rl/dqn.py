@@ -22,10 +22,11 @@ from worker.rl.policy import QNetwork
 
 __all__ = ["DQNLearner", "ReplayBuffer", "epsilon_at"]
 
-#: Chunk fields the learner needs; ``truncated`` is accepted but not stored, because
-#: ``next_obs`` already holds the real final observation and ``done`` is the
-#: bootstrap mask (terminated only).
-REQUIRED_FIELDS = ("obs", "next_obs", "action", "reward", "done")
+#: Chunk fields the learner needs (see :mod:`worker.rl.chunks`); ``truncated`` is accepted
+#: but not stored, because ``next_obs`` already holds the real final observation and
+#: ``done`` is the bootstrap mask (terminated only).
+REQUIRED_FIELDS = ("obs", "next_obs", "action", "reward", "done", "valid")
+_STORED = ("obs", "next_obs", "action", "reward", "done")
 
 
 class ReplayBuffer:
@@ -55,27 +56,32 @@ class ReplayBuffer:
         return self._size
 
     def add(self, samples: Mapping[str, Any]) -> int:
-        """Append one chunk of stacked transitions (the rollout's ``samples`` dict).
+        """Append the valid transitions of one chunk (fields ``[T, N, ...]``, see :mod:`worker.rl.chunks`).
+
+        One slice copy per field (two where the ring wraps), so a chunk of thousands of
+        transitions costs tens of microseconds.
 
         Returns:
-            The number of transitions in the chunk.
+            The number of transitions added.
 
         Raises:
             CorruptFile: a field is missing or has the wrong shape, dtype or values;
                 nothing is added then.
         """
         chunk = self._validate(samples)
-        k = len(chunk["action"])
-        if k > self.capacity:  # only the newest ``capacity`` would survive anyway
-            chunk = {name: array[-self.capacity :] for name, array in chunk.items()}
         n = len(chunk["action"])
-        idx = (self._pos + np.arange(n)) % self.capacity
+        if n > self.capacity:  # only the newest ``capacity`` would survive anyway
+            chunk = {name: array[-self.capacity :] for name, array in chunk.items()}
+        k = len(chunk["action"])
+        first = min(k, self.capacity - self._pos)
         for name, array in chunk.items():
-            getattr(self, name)[idx] = array
-        self._pos = int((self._pos + n) % self.capacity)
-        self._size = min(self._size + n, self.capacity)
-        self.total_added += k
-        return k
+            store = getattr(self, name)
+            store[self._pos : self._pos + first] = array[:first]
+            store[: k - first] = array[first:]
+        self._pos = (self._pos + k) % self.capacity
+        self._size = min(self._size + k, self.capacity)
+        self.total_added += n
+        return n
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """Uniformly sample ``batch_size`` transitions (with replacement) as CPU tensors.
@@ -95,6 +101,7 @@ class ReplayBuffer:
         }
 
     def _validate(self, samples: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
+        """The chunk's valid transitions as flat ``[k, ...]`` arrays, after checking every field."""
         if not isinstance(samples, Mapping):
             raise CorruptFile(f"sample chunk must be a map, got {type(samples).__name__}")
         chunk: dict[str, npt.NDArray[Any]] = {}
@@ -103,21 +110,24 @@ class ReplayBuffer:
             if not isinstance(array, np.ndarray):
                 raise CorruptFile(f"sample chunk field {name!r} must be a numpy array, got {type(array).__name__}")
             chunk[name] = array
-        k = len(chunk["action"]) if chunk["action"].ndim else -1
+        rows = chunk["valid"].shape[:2] if chunk["valid"].ndim == 2 else (-1, -1)
         for name in ("obs", "next_obs"):
-            self._check(chunk[name], name, (k, self.obs_dim), "f")
-        self._check(chunk["action"], "action", (k,), "iu")
-        self._check(chunk["reward"], "reward", (k,), "fiu")
-        self._check(chunk["done"], "done", (k,), "b")
+            self._check(chunk[name], name, (*rows, self.obs_dim), "f")
+        self._check(chunk["action"], "action", rows, "iu")
+        self._check(chunk["reward"], "reward", rows, "fiu")
+        for name in ("done", "valid"):
+            self._check(chunk[name], name, rows, "b")
+        valid = chunk.pop("valid").reshape(-1)
+        flat = {name: array.reshape(-1, *array.shape[2:])[valid] for name, array in chunk.items()}
         for name in ("obs", "next_obs", "reward"):
-            if not np.isfinite(chunk[name]).all():
+            if not np.isfinite(flat[name]).all():
                 raise CorruptFile(f"sample chunk field {name!r} holds NaN or infinite values")
-        action = chunk["action"]
-        if k and (action.min() < 0 or (self.n_actions is not None and action.max() >= self.n_actions)):
+        action = flat["action"]
+        if len(action) and (action.min() < 0 or (self.n_actions is not None and action.max() >= self.n_actions)):
             raise CorruptFile(
                 f"sample chunk actions must lie in [0, {self.n_actions}), got {action.min()}..{action.max()}"
             )
-        return chunk
+        return {name: flat[name] for name in _STORED}
 
     @staticmethod
     def _check(array: npt.NDArray[Any], name: str, shape: tuple[int, ...], kinds: str) -> None:
@@ -144,7 +154,8 @@ class DQNLearner:
             self.q_net = QNetwork(obs_dim, n_actions, spec.hidden_sizes)
         self.target_net = copy.deepcopy(self.q_net)
         self.target_net.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q_net.parameters(), lr=spec.lr)
+        # fused: one kernel for all parameters; the train step is dispatch-bound, not FLOP-bound.
+        self.optimizer = torch.optim.Adam(self.q_net.parameters(), lr=spec.lr, fused=True)
         self.iter = 0
         """Train steps done so far; sent with every policy as its ``iter``."""
 
@@ -176,7 +187,7 @@ class DQNLearner:
         loss = F.smooth_l1_loss(q, target)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.q_net.parameters(), spec.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.q_net.parameters(), spec.max_grad_norm, foreach=True)
         self.optimizer.step()
         self.iter += 1
 
