@@ -49,7 +49,7 @@ class EnvSection:
 
 @dataclass(frozen=True)
 class CollectorSection:
-    n_sample: int = 8192
+    n_sample: int = 4096
     """Train samples per collect task (a task is a unit of work a worker takes)."""
     traj_len: int = 64
     """Steps per chunk (``T``): a step data file holds ``traj_len x collector_env_num`` transitions."""
@@ -62,7 +62,7 @@ class CoordinatorSection:
     collect_tasks: int = 0
     """Collect tasks kept running at once; 0 (auto): one per collector worker listening, so
     adding workers (``--scale collector=N``) needs no other change."""
-    eval_interval_s: float = 5.0
+    eval_interval_s: float = 2.0
     """Seconds between eval tasks."""
     max_env_steps: int = 400_000
     """Stop the run (unsuccessfully) after this many collected env steps."""

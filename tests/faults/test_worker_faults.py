@@ -174,7 +174,7 @@ def test_nobody_reading_holds_the_collector_back_and_drops_nothing(cluster: Clus
                 item.ack()
                 items += 1
                 if "data_id" in message:
-                    expected += message["unroll_len"]
+                    expected += message["sample_count"]
                     assert message["cur_sample"] == expected
                 elif message["collector_done"]:
                     break

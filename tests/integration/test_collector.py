@@ -107,11 +107,14 @@ def test_whole_protocol_resource_start_data_close(
     store = StepStore(volume / "data")
     for meta in data:
         chunk = store.read(meta["data_id"], wait_s=0)
-        assert chunk.count == meta["unroll_len"]
-        assert chunk.fields["obs"].shape == (chunk.count, 4) and chunk.fields["obs"].dtype == np.float32
-        assert chunk.fields["next_obs"].shape == (chunk.count, 4)
-        assert chunk.fields["action"].dtype == np.int64 and chunk.fields["done"].dtype == np.bool_
-    assert sum(m["unroll_len"] for m in data) == infos[-1]["cur_sample"]
+        rows = (meta["unroll_len"], meta["env_num"])
+        assert chunk.count == rows[0] and rows[1] == 3
+        assert chunk.fields["obs"].shape == (*rows, 4) and chunk.fields["obs"].dtype == np.float32
+        assert chunk.fields["next_obs"].shape == (*rows, 4)
+        assert chunk.fields["action"].shape == rows and chunk.fields["action"].dtype == np.int64
+        assert chunk.fields["done"].dtype == chunk.fields["valid"].dtype == np.bool_
+        assert int(chunk.fields["valid"].sum()) == meta["sample_count"]
+    assert sum(m["sample_count"] for m in data) == infos[-1]["cur_sample"]
     # close: DI-engine's finish_info plus the task id; 3 envs x 2 episodes
     finish = client.call(control, {"name": "collector_close_task"})
     assert finish["task_id"] == "task-a" and finish["collector_done"] is True

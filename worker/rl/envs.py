@@ -123,7 +123,9 @@ class VecEnvBatch:
 
     @property
     def obs(self) -> FloatArray:
-        """Current observation of every env, ``[num_envs, obs_dim]`` float32 (read-only view)."""
+        """Current observation of every env, ``[num_envs, obs_dim]`` float32 (read-only view).
+
+        Stays valid after later steps: each step makes a new array."""
         view = self._obs.view()
         view.flags.writeable = False
         return view
@@ -145,7 +147,7 @@ class VecEnvBatch:
         """Start a fresh episode in every env; only the first reset uses the seed."""
         seed = None if self._seed is None or self._was_reset else self._seed
         obs, _ = self._envs.reset(seed=seed)
-        self._obs[:] = obs
+        self._obs = np.array(obs, dtype=np.float32)
         self._returns[:] = 0.0
         self._after_end[:] = False
         self._was_reset = True
@@ -154,7 +156,9 @@ class VecEnvBatch:
     def step(self, actions: npt.NDArray[np.int64]) -> VecStep:
         """Step every env with its action (ignored by envs taking their reset step)."""
         next_obs, reward, terminated, truncated, _ = self._envs.step(actions)
-        next_obs = np.asarray(next_obs, dtype=np.float32)
+        # A fresh array each step, never written to again: views of earlier observations
+        # (a caller's ``obs``, a step's ``next_obs``) stay what they were.
+        next_obs = np.array(next_obs, dtype=np.float32)
         reward = np.asarray(reward, dtype=np.float32)
         valid = ~self._after_end
         terminated = np.asarray(terminated, dtype=bool) & valid
@@ -164,7 +168,7 @@ class VecEnvBatch:
         returns = self._returns.copy()
         self._returns[ended] = 0.0
         self._after_end = ended
-        self._obs[:] = next_obs
+        self._obs = next_obs
         return VecStep(next_obs, reward, terminated, truncated, valid, ended, returns)
 
     def close(self) -> None:
