@@ -18,23 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from messaging.codec import decode, encode
-from messaging.errors import DecodeError, PublishRejected, StreamStalled
+from messaging.errors import DecodeError, PublishRejected, StreamStalled, StreamStopped
 from messaging.link import BrokerLink
 from messaging.subscription import Delivery, Subscription
 from messaging.topology import QueueDecl
+
+__all__ = ["MetadataConsumer", "MetadataItem", "MetadataPublisher", "StreamStopped"]
 
 logger = logging.getLogger(__name__)
 
 #: Back-off while a full metadata queue refuses publishes: first and largest wait.
 _FULL_WAIT_FIRST_S = 0.02
 _FULL_WAIT_MAX_S = 0.5
-
-
-class StreamStopped(Exception):
-    """Raised inside a publisher blocked on a full queue when its stop event is set.
-
-    Not a WarrenError: it is control flow for a shutdown the caller asked for.
-    """
 
 
 class MetadataPublisher:
