@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from messaging import MetadataPublisher
 from worker.protocol import DataItem, InfoItem
 from worker.storage import StepStore
+
+#: Longest wait for the broker to confirm a task's data before its done info, and then the
+#: done info itself. A reader that stopped reading fails the publisher sooner (StreamStalled
+#: after the collector's stall_timeout_s); a worker shutdown interrupts it (StreamStopped).
+DONE_WAIT_S: Final = 600.0
 
 
 class BrokerSink:
@@ -20,13 +25,27 @@ class BrokerSink:
     atomically renamed into place, so every data metadata a reader sees names a complete
     file. Each message also carries ``task_id`` and ``buffer_id``, so a coordinator
     reading the stream straight from the broker needs nothing else.
+
+    Metadata is published without waiting for the broker, except around the info that
+    ends the task (``collector_done``): it goes out once every message before it is
+    confirmed, since a message refused by a full queue can be overtaken, and the task
+    ends once it is confirmed itself. ``done_wait_s`` bounds each of those two waits.
     """
 
-    def __init__(self, store: StepStore, publisher: MetadataPublisher, *, task_id: str, buffer_id: str) -> None:
+    def __init__(
+        self,
+        store: StepStore,
+        publisher: MetadataPublisher,
+        *,
+        task_id: str,
+        buffer_id: str,
+        done_wait_s: float = DONE_WAIT_S,
+    ) -> None:
         self.store = store
         self.publisher = publisher
         self.task_id = task_id
         self.buffer_id = buffer_id
+        self.done_wait_s = done_wait_s
         self.files_written = 0
 
     def add_samples(self, env_id: int, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -38,4 +57,8 @@ class BrokerSink:
 
     def add_info(self, info: dict[str, Any]) -> None:
         item = InfoItem(task_id=self.task_id, buffer_id=self.buffer_id, **info)
+        if item.collector_done:
+            self.publisher.flush(self.done_wait_s)
         self.publisher.publish(item.to_wire(), headers={"kind": "info"})
+        if item.collector_done:
+            self.publisher.flush(self.done_wait_s)
