@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -219,6 +220,75 @@ def test_a_connection_closed_by_the_broker_loses_nothing(
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("messaging")]
     assert len([m for m in warnings if "lost its connection" in m]) == 1
     assert len([m for m in warnings if "reconnected" in m]) == 1
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("pika")] == []
+
+
+class _Forwarder:
+    """A TCP forwarder to the broker that a test can take down: a broker outage for one client
+    only, without touching the shared broker."""
+
+    def __init__(self, amqp_url: str) -> None:
+        parts = urlsplit(amqp_url)
+        self._target = (parts.hostname or "localhost", parts.port or 5672)
+        self._server = socket.create_server(("127.0.0.1", 0))
+        port = self._server.getsockname()[1]
+        self.url = urlunsplit(parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{port}"))
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="test-forwarder", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # taken down
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(source, sink), name="test-forwarder", daemon=True).start()
+
+    def take_down(self) -> None:
+        """Refuse new connections and cut the open ones."""
+        # shutdown() first: close() alone leaves a listener blocked in accept() listening
+        self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        for sock in self._sockets:
+            sock.close()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        sink.close()
+
+
+def test_an_outage_longer_than_the_connect_budget_fails_the_publisher(
+    settings: Settings, amqp_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a publisher whose broker is reachable only through a forwarder, with a 2 s budget
+    caplog.set_level(logging.WARNING)
+    forwarder = _Forwarder(amqp_url)
+    queue = f"{settings.prefix}.outage"
+    with ConfirmedPublisher(settings.replace(amqp_url=forwarder.url, connect_timeout_s=2), "test-outage") as publisher:
+        publisher.declare(QueueDecl(queue))
+        publisher.publish(queue, b"1")
+        publisher.flush(10)
+        # When the broker becomes unreachable for good
+        publisher.publish(queue, b"2")
+        forwarder.take_down()
+        lost_at = time.monotonic()
+        # Then waiting for confirms ends with ConnectionFailed once the budget is spent
+        with pytest.raises(ConnectionFailed, match="within 2 s"):
+            publisher.flush(30)
+        assert 2 <= time.monotonic() - lost_at < 2 + 3
+        with pytest.raises(ConnectionFailed):
+            publisher.publish(queue, b"3")
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("messaging")]
+    assert len([m for m in warnings if "lost its connection" in m]) == 1
     assert [r.getMessage() for r in caplog.records if r.name.startswith("pika")] == []
 
 
