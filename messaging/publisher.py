@@ -38,8 +38,9 @@ import pika
 
 from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION
 from messaging.connection import parameters
+from messaging.declarations import PendingCall
 from messaging.errors import ConfigurationError, ConnectionClosed, ConnectionFailed, MessagingError
-from messaging.publisher_io import CLOSE_GRACE_S, PendingCall, PublisherIO
+from messaging.publisher_io import CLOSE_GRACE_S, PublisherIO
 from messaging.settings import Settings
 from messaging.topology import QueueDecl
 from messaging.unconfirmed import UnconfirmedWindow

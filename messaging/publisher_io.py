@@ -13,13 +13,11 @@ connection, every unconfirmed message is sent again, in publish order, on the ne
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from operator import attrgetter
 from typing import Any, Final
 
 import pika
@@ -29,11 +27,12 @@ from pika.adapters.select_connection import IOLoop
 from pika.channel import Channel
 
 from messaging.connection import is_retryable_connect_error, report_connection_events_here, translate
+from messaging.declarations import Declarations, PendingCall
 from messaging.errors import ConnectionClosed, ConnectionFailed, MessagingError, QueueNotFound, StreamStalled
 from messaging.retry import Backoff, connect_backoff
 from messaging.settings import Settings
 from messaging.topology import QueueDecl
-from messaging.unconfirmed import Outgoing, UnconfirmedWindow
+from messaging.unconfirmed import Outbox, Outgoing, UnconfirmedWindow
 
 logger = logging.getLogger(__name__)
 
@@ -45,23 +44,6 @@ NACK_WAIT_MAX_S: Final = 0.5
 NACKS_BEFORE_REOPEN: Final = 5
 #: How long a closing connection may take to hear the broker's Close-Ok.
 CLOSE_GRACE_S: Final = 2.0
-
-_by_seq = attrgetter("seq")
-
-
-class PendingCall:
-    """A request from another thread that waits for the I/O thread's answer."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self.error: MessagingError | None = None
-
-    def finish(self, error: MessagingError | None = None) -> None:
-        self.error = error
-        self._done.set()
-
-    def wait(self, timeout_s: float) -> bool:
-        return self._done.wait(timeout_s)
 
 
 class PublisherIO:
@@ -96,17 +78,11 @@ class PublisherIO:
         self.reconnects = 0
         self._conn: pika.SelectConnection | None = None
         self._channel: Channel | None = None  # set only while publishing is possible
-        self._generation = 0  # connections opened so far
-        self._to_send: collections.deque[Outgoing] = collections.deque()
-        self._in_flight: collections.OrderedDict[int, Outgoing] = collections.OrderedDict()
-        self._next_tag = 1
-        self._nacked: list[Outgoing] = []
+        self._outbox = Outbox()
         self._nack_streak = 0
         self._nacking_since: float | None = None
         self._nack_backoff = Backoff(NACK_WAIT_FIRST_S, NACK_WAIT_MAX_S)
-        self._declared: dict[str, QueueDecl] = {}
-        self._declares: collections.deque[tuple[QueueDecl, PendingCall]] = collections.deque()
-        self._declaring = False
+        self._declarations = Declarations()
         self._connect_backoff = connect_backoff()
         self._last_connect_error: BaseException | None = None
         self._reconnecting = False
@@ -134,7 +110,7 @@ class PublisherIO:
 
     def on_new_messages(self) -> None:
         """Take what the publishing threads added to the window and send it."""
-        self._to_send.extend(self.window.take_new())
+        self._outbox.add(self.window.take_new())
         self._send()
 
     def declare(self, decl: QueueDecl, call: PendingCall) -> None:
@@ -142,17 +118,18 @@ class PublisherIO:
         if self.window.failure is not None:
             call.finish(self.window.failure)
             return
-        self._declares.append((decl, call))
-        self._run_declares()
+        self._declarations.request(decl, call)
+        if self._channel is not None and self._conn is not None:
+            self._declarations.run_requests(self._conn)
 
     def forget(self, queue: str) -> None:
-        self._declared.pop(queue, None)
+        self._declarations.forget(queue)
 
     def shutdown(self) -> None:
         """Close the connection and stop the loop (bounded by :data:`CLOSE_GRACE_S`)."""
         self._stopping = True
         self._cancel_timers()
-        self._finish_declares(ConnectionClosed(f"{self.role} publisher is closed"))
+        self._declarations.fail_all(ConnectionClosed(f"{self.role} publisher is closed"))
         if self._close_connection():
             self._timers["close"] = self.ioloop.call_later(CLOSE_GRACE_S, self.ioloop.stop)
         else:
@@ -195,7 +172,6 @@ class PublisherIO:
         self._fail(ConnectionFailed(f"could not connect to {self.settings.redacted_url} within {budget:g} s{last}"))
 
     def _on_connection_open(self, conn: pika.SelectConnection) -> None:
-        self._generation += 1
         self._open_channel(conn, redeclare=True)
 
     def _on_connection_closed(self, conn: Any, reason: BaseException) -> None:
@@ -203,7 +179,7 @@ class PublisherIO:
             return
         self._conn = None
         self._channel = None
-        self._declaring = False  # a declare cut short runs again on the next connection
+        self._declarations.connection_lost()
         if self._stopping:
             self.ioloop.stop()
             return
@@ -217,7 +193,7 @@ class PublisherIO:
         )
         self.reconnects += 1
         self._reconnecting = True
-        self._requeue_unconfirmed()
+        self._resend_all()
         if "outage" not in self._timers:
             self._start_outage()
         self._connect()
@@ -232,9 +208,9 @@ class PublisherIO:
             channel.confirm_delivery(functools.partial(self._on_confirm, channel), callback=on_confirm_mode)
 
         def confirm_mode_on(channel: Channel, _frame: Any) -> None:
-            self._next_tag = 1  # the broker numbers a channel's publishes from 1
+            self._outbox.new_channel()
             if redeclare:
-                self._redeclare(list(self._declared.values()), then=functools.partial(self._on_ready, channel))
+                self._declarations.redeclare(conn, then=functools.partial(self._on_ready, channel), on_error=self._fail)
             else:
                 self._on_ready(channel)
 
@@ -242,15 +218,15 @@ class PublisherIO:
             conn.channel(on_open_callback=on_open)
 
     def _on_ready(self, channel: Channel) -> None:
-        if not channel.is_open:
+        if not channel.is_open or self._conn is None or self.window.failure is not None or self._stopping:
             return
         self._channel = channel
         if self._reconnecting:
             self._reconnecting = False
-            logger.warning("%s publisher reconnected; resending %d messages", self.role, len(self._to_send))
+            logger.warning("%s publisher reconnected; resending %d messages", self.role, self._outbox.waiting)
         self._cancel_timer("outage")
         self.opened.set()
-        self._run_declares()
+        self._declarations.run_requests(self._conn)
         self._send()
 
     def _on_channel_closed(self, channel: Channel, reason: BaseException) -> None:
@@ -263,7 +239,7 @@ class PublisherIO:
 
     def _reopen_channel(self) -> None:
         old, self._channel = self._channel, None
-        self._requeue_unconfirmed()
+        self._resend_all()
         if old is not None and old.is_open:
             old.close()
         if self._conn is not None:
@@ -273,42 +249,27 @@ class PublisherIO:
 
     def _send(self) -> None:
         channel = self._channel
-        if channel is None or self._nacked:
-            return  # not connected, or nacked messages wait for their retry: newer ones wait too
-        to_send, in_flight = self._to_send, self._in_flight
-        tag = self._next_tag
+        if channel is None:
+            return
+
+        def publish(message: Outgoing) -> None:
+            channel.basic_publish("", message.queue, message.body, message.properties, mandatory=True)
+
         try:
-            while to_send:
-                message = to_send[0]
-                channel.basic_publish("", message.queue, message.body, message.properties, mandatory=True)
-                to_send.popleft()
-                in_flight[tag] = message
-                tag += 1
+            self._outbox.send(publish)
         except pika.exceptions.AMQPError as exc:
-            # The channel is going down; its close callback requeues what is unconfirmed.
+            # The channel is going down; its close callback puts the unconfirmed back in line.
             logger.debug("%s publisher: publish failed on a closing channel: %r", self.role, exc)
-        finally:
-            self._next_tag = tag
 
     def _on_confirm(self, channel: Channel, frame: Any) -> None:
         if channel is not self._channel:
-            return  # a channel given up: its unconfirmed messages were requeued already
+            return  # a channel given up: its unconfirmed messages are back in line already
         method = frame.method
-        confirmed = self._pop_in_flight(method.delivery_tag, method.multiple)
+        confirmed = self._outbox.confirmed(method.delivery_tag, method.multiple)
         if isinstance(method, pika.spec.Basic.Ack):
             self._on_acked(len(confirmed))
         else:
             self._on_nacked(confirmed)
-
-    def _pop_in_flight(self, tag: int, multiple: bool) -> list[Outgoing]:
-        in_flight = self._in_flight
-        if not multiple:
-            one = in_flight.pop(tag, None)
-            return [] if one is None else [one]
-        popped = []
-        while in_flight and next(iter(in_flight)) <= tag:
-            popped.append(in_flight.popitem(last=False)[1])
-        return popped
 
     def _on_acked(self, count: int) -> None:
         if count:
@@ -322,7 +283,7 @@ class PublisherIO:
             return
         self.nacks += len(messages)
         self._nack_streak += len(messages)
-        self._nacked.extend(messages)
+        self._outbox.refused.extend(messages)
         if self._nacking_since is None:
             self._nacking_since = time.monotonic()
         if not self._stalled() and "nack" not in self._timers:
@@ -330,22 +291,22 @@ class PublisherIO:
 
     def _retry_nacked(self) -> None:
         self._timers.pop("nack", None)
-        if not self._nacked or self._channel is None or self._stalled():
+        if not self._outbox.refused or self._channel is None or self._stalled():
             return
         if self._nack_streak >= NACKS_BEFORE_REOPEN:
             self._nack_streak = 0
             self._reopen_channel()  # sending resumes, nacked messages first, once it is open
             return
-        self._to_send = collections.deque(sorted([*self._nacked, *self._to_send], key=_by_seq))
-        self._nacked.clear()
+        self._outbox.retry_refused()
         self._send()
 
     def _stalled(self) -> bool:
-        if self.stall_timeout_s is None or self._nacking_since is None or not self._nacked:
+        refused = self._outbox.refused
+        if self.stall_timeout_s is None or self._nacking_since is None or not refused:
             return False
         if time.monotonic() - self._nacking_since < self.stall_timeout_s:
             return False
-        queue = self._nacked[0].queue
+        queue = refused[0].queue
         self._fail(StreamStalled(f"{queue} refused every message for {self.stall_timeout_s:g} s: nobody reads it"))
         return True
 
@@ -353,80 +314,10 @@ class PublisherIO:
         logger.debug("%s publisher: message %s returned: %s", self.role, properties.message_id, method.reply_text)
         self._fail(QueueNotFound(f"publishing to {method.routing_key}: no queue to route to (it does not exist)"))
 
-    def _requeue_unconfirmed(self) -> None:
-        """Put every unconfirmed message back in line to be sent, in publish order."""
+    def _resend_all(self) -> None:
+        """The channel is gone: every unconfirmed message goes back in line, in publish order."""
         self._cancel_timer("nack")
-        pending = [*self._in_flight.values(), *self._nacked, *self._to_send]
-        self._in_flight.clear()
-        self._nacked.clear()
-        self._to_send = collections.deque(sorted(pending, key=_by_seq))
-
-    # -- declaring ------------------------------------------------------------------------
-
-    def _run_declares(self) -> None:
-        if self._declaring or not self._declares or self._channel is None or self._conn is None:
-            return
-        decl, call = self._declares[0]
-        self._declaring = True
-
-        def done(error: MessagingError | None) -> None:
-            self._declaring = False
-            self._declares.popleft()
-            if error is None:
-                self._declared[decl.name] = decl
-            call.finish(error)
-            self._run_declares()
-
-        self._declare_one(self._conn, decl, done)
-
-    def _redeclare(self, decls: list[QueueDecl], *, then: Callable[[], None]) -> None:
-        if not decls:
-            then()
-            return
-
-        def done(error: MessagingError | None) -> None:
-            if error is not None:
-                self._fail(error)
-            else:
-                self._redeclare(decls[1:], then=then)
-
-        if self._conn is not None:
-            self._declare_one(self._conn, decls[0], done)
-
-    def _declare_one(
-        self, conn: pika.SelectConnection, decl: QueueDecl, on_done: Callable[[MessagingError | None], None]
-    ) -> None:
-        """Declare on a channel of its own, so a refusal (406, 405) closes only that one."""
-        generation = self._generation
-        what = f"declaring queue {decl.name}"
-
-        def on_open(channel: Channel) -> None:
-            channel.add_on_close_callback(on_close)
-            channel.queue_declare(
-                decl.name,
-                durable=decl.durable,
-                exclusive=decl.exclusive,
-                auto_delete=decl.auto_delete,
-                arguments=decl.arguments,
-                callback=functools.partial(declared, channel),
-            )
-
-        def declared(channel: Channel, _frame: Any) -> None:
-            channel.close()
-            if generation == self._generation:
-                on_done(None)
-
-        def on_close(_channel: Channel, reason: BaseException) -> None:
-            # Closed by us after the declare, or with the connection (the reconnect redoes it).
-            if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and generation == self._generation:
-                on_done(translate(reason, what))
-
-        if conn.is_open:
-            conn.channel(on_open_callback=on_open)
-
-    def _finish_declares(self, error: MessagingError) -> None:
-        while self._declares:
-            self._declares.popleft()[1].finish(error)
+        self._outbox.resend_all()
 
     # -- failing and closing --------------------------------------------------------------
 
@@ -446,7 +337,7 @@ class PublisherIO:
 
     def _record_failure(self, error: MessagingError) -> None:
         self.window.fail(error)
-        self._finish_declares(error)
+        self._declarations.fail_all(error)
         self.opened.set()
 
     def _close_connection(self) -> bool:

@@ -153,3 +153,79 @@ class UnconfirmedWindow:
             self._failure = error
             self._cond.notify_all()
         return True
+
+
+class Outbox:
+    """The I/O thread's side: messages to send, sent ones by delivery tag, refused ones.
+
+    Everything here is kept in publish order (``seq``), so that whatever has to be sent
+    again (after a nack, a new channel or a new connection) goes out in that order.
+    Used only by the I/O thread; it makes no broker calls itself.
+    """
+
+    def __init__(self) -> None:
+        self._to_send: collections.deque[Outgoing] = collections.deque()
+        self._sent: collections.OrderedDict[int, Outgoing] = collections.OrderedDict()
+        self._next_tag = 1
+        self.refused: list[Outgoing] = []
+        """Nacked messages waiting to be sent again; newer messages wait while there are any."""
+
+    def __len__(self) -> int:
+        return len(self._to_send) + len(self._sent) + len(self.refused)
+
+    @property
+    def waiting(self) -> int:
+        """Messages waiting to be sent (not refused ones)."""
+        return len(self._to_send)
+
+    def add(self, messages: list[Outgoing]) -> None:
+        """New messages, newer than any already here."""
+        self._to_send.extend(messages)
+
+    def new_channel(self) -> None:
+        """The broker numbers a channel's publishes from 1."""
+        self._next_tag = 1
+
+    def send(self, publish: Callable[[Outgoing], None]) -> None:
+        """``publish`` every waiting message in order, unless refused ones wait.
+
+        If ``publish`` raises, the message stays first in line and the error propagates.
+        """
+        if self.refused:
+            return
+        to_send, sent = self._to_send, self._sent
+        tag = self._next_tag
+        try:
+            while to_send:
+                publish(to_send[0])
+                sent[tag] = to_send.popleft()
+                tag += 1
+        finally:
+            self._next_tag = tag
+
+    def confirmed(self, tag: int, multiple: bool) -> list[Outgoing]:
+        """The sent messages a confirm (ack or nack) of ``tag`` covers, removed from here."""
+        sent = self._sent
+        if not multiple:
+            one = sent.pop(tag, None)
+            return [] if one is None else [one]
+        covered = []
+        while sent and next(iter(sent)) <= tag:
+            covered.append(sent.popitem(last=False)[1])
+        return covered
+
+    def retry_refused(self) -> None:
+        """Put the refused messages back in line, before the newer ones."""
+        self._to_send = collections.deque(sorted([*self.refused, *self._to_send], key=_by_seq))
+        self.refused.clear()
+
+    def resend_all(self) -> None:
+        """Put every unconfirmed message back in line (its channel is gone), in publish order."""
+        pending = [*self._sent.values(), *self.refused, *self._to_send]
+        self._sent.clear()
+        self.refused.clear()
+        self._to_send = collections.deque(sorted(pending, key=_by_seq))
+
+
+def _by_seq(message: Outgoing) -> int:
+    return message.seq
