@@ -78,7 +78,8 @@ class ConfirmedPublisher:
         self.role = role
         self.window = window
         self.stall_timeout_s = stall_timeout_s
-        self._window = UnconfirmedWindow(window, role, id_prefix=f"{uuid.uuid4().hex[:12]}-")
+        # What the publishing threads share with the I/O thread: unconfirmed messages, failure.
+        self._shared = UnconfirmedWindow(window, role, id_prefix=f"{uuid.uuid4().hex[:12]}-")
         self._schema_headers: dict[str, Any] = {"schema": SCHEMA_VERSION}
         self._io: PublisherIO | None = None
         self._thread: threading.Thread | None = None
@@ -102,16 +103,16 @@ class ConfirmedPublisher:
             params = parameters(self.settings, self.role)
         except ValueError as exc:  # pika's URL parsing
             raise ConfigurationError(f"amqp_url {self.settings.redacted_url} cannot be used: {exc}") from None
-        io = PublisherIO(params, self.settings, self.role, self._window, stall_timeout_s=self.stall_timeout_s)
+        io = PublisherIO(params, self.settings, self.role, self._shared, stall_timeout_s=self.stall_timeout_s)
         self._io = io
         self._thread = threading.Thread(target=io.run, name=f"warren-publisher-{self.role}", daemon=True)
         self._thread.start()
         waited = io.opened.wait(self.settings.connect_timeout_s + _GRACE_S)
-        failure = self._window.failure
+        failure = self._shared.failure
         if waited and failure is None:
             return self
         self._closed = True
-        self._window.close()
+        self._shared.close()
         self._stop_io(CLOSE_GRACE_S + _GRACE_S)
         if failure is not None:
             raise type(failure)(failure.message) from None
@@ -128,12 +129,12 @@ class ConfirmedPublisher:
             return
         self._closed = True
         deadline = time.monotonic() + timeout_s
-        if self._window.failure is None:
+        if self._shared.failure is None:
             try:
-                self._window.wait_confirmed(timeout_s, stop=None)
+                self._shared.wait_confirmed(timeout_s, stop=None)
             except MessagingError as exc:
                 logger.debug("%s publisher: confirms before close: %s", self.role, exc.message)
-        dropped = self._window.close()
+        dropped = self._shared.close()
         if dropped:
             logger.warning("%s publisher closed with %d unconfirmed messages dropped", self.role, dropped)
         self._stop_io(max(deadline - time.monotonic(), 0.0) + CLOSE_GRACE_S + 1.0)
@@ -209,7 +210,7 @@ class ConfirmedPublisher:
             delivery_mode=pika.DeliveryMode.Persistent if persistent else pika.DeliveryMode.Transient,
             headers={**self._schema_headers, **headers} if headers else self._schema_headers,
         )
-        if self._window.put(queue, body, properties, stop=stop):
+        if self._shared.put(queue, body, properties, stop=stop):
             io.call_threadsafe(io.on_new_messages)
 
     def flush(self, timeout_s: float, *, stop: threading.Event | None = None) -> None:
@@ -221,12 +222,12 @@ class ConfirmedPublisher:
             MessagingError: the publisher failed (see :meth:`publish`).
         """
         self._require_open()
-        self._window.wait_confirmed(timeout_s, stop=stop)
+        self._shared.wait_confirmed(timeout_s, stop=stop)
 
     @property
     def unconfirmed(self) -> int:
         """Messages published but not yet confirmed (including those waiting to be sent or resent)."""
-        return self._window.unconfirmed
+        return self._shared.unconfirmed
 
     @property
     def nacks(self) -> int:
