@@ -41,6 +41,7 @@ NACK_WAIT_FIRST_S: Final = 0.025
 NACK_WAIT_MAX_S: Final = 0.5
 #: Nacks in a row, without an ack, after which the channel is reopened before resending:
 #: a channel whose first publish hit a quorum queue during a leader change is nacked forever.
+#: (Only once no message sent is awaiting its confirm: one accepted would be sent twice.)
 NACKS_BEFORE_REOPEN: Final = 5
 #: How long a closing connection may take to hear the broker's Close-Ok.
 CLOSE_GRACE_S: Final = 2.0
@@ -293,7 +294,7 @@ class PublisherIO:
         self._timers.pop("nack", None)
         if not self._outbox.refused or self._channel is None or self._stalled():
             return
-        if self._nack_streak >= NACKS_BEFORE_REOPEN:
+        if self._nack_streak >= NACKS_BEFORE_REOPEN and not self._outbox.awaiting_confirm:
             self._nack_streak = 0
             self._reopen_channel()  # sending resumes, nacked messages first, once it is open
             return

@@ -178,6 +178,11 @@ class Outbox:
         """Messages waiting to be sent (not refused ones)."""
         return len(self._to_send)
 
+    @property
+    def awaiting_confirm(self) -> int:
+        """Messages sent on the current channel and not confirmed yet."""
+        return len(self._sent)
+
     def add(self, messages: list[Outgoing]) -> None:
         """New messages, newer than any already here."""
         self._to_send.extend(messages)

@@ -125,3 +125,13 @@ def test_a_closed_window_refuses_messages_and_counts_the_dropped_ones() -> None:
     assert window.close() == 2
     with pytest.raises(ConnectionClosed):
         _put(window)
+
+
+def test_the_outbox_counts_what_awaits_a_confirm_on_the_current_channel() -> None:
+    outbox = Outbox()
+    outbox.add(_messages(0, 1, 2))
+    _send_all(outbox)
+    outbox.refused.extend(outbox.confirmed(1, multiple=False))
+    assert outbox.awaiting_confirm == 2  # 1 and 2: a new channel now would send them twice
+    outbox.confirmed(3, multiple=True)
+    assert outbox.awaiting_confirm == 0
