@@ -313,6 +313,18 @@ def test_a_broker_that_is_not_there_fails_open_within_the_connect_timeout(
     assert [r.getMessage() for r in caplog.records if r.name.startswith("pika")] == []
 
 
+def test_refused_credentials_fail_open_at_once(settings: Settings) -> None:
+    parts = urlsplit(settings.amqp_url)
+    netloc = f"{parts.username}:not-the-password@{parts.hostname}:{parts.port or 5672}"
+    wrong = urlunsplit(parts._replace(netloc=netloc))
+    publisher = ConfirmedPublisher(settings.replace(amqp_url=wrong, connect_timeout_s=10), "test-refused")
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailed, match="refused the credentials") as raised:
+        publisher.open()
+    assert time.monotonic() - started < 3  # not retried for the 10 s budget
+    assert "not-the-password" not in str(raised.value)
+
+
 def test_close_leaves_no_thread_behind(settings: Settings) -> None:
     queue = f"{settings.prefix}.threads"
     before = set(threading.enumerate())
