@@ -30,7 +30,7 @@ import torch
 from benchmarks import procs
 from benchmarks.common import CaseContext, CaseResult, Trials, alternate
 from benchmarks.stats import Row
-from messaging import BrokerLink, MetadataPublisher, Names, Settings
+from messaging import BrokerLink, ConfirmedPublisher, MetadataPublisher, Names, Settings
 from worker.collector.sink import BrokerSink
 from worker.protocol import DEFAULT_HIDDEN_SIZES, CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.envs import EnvBatch
@@ -108,6 +108,7 @@ class _Collector:
         self.settings, self.reader, self.data = settings, reader, data
         self.names = Names(settings.prefix)
         self.link = BrokerLink(settings, "bench-collector").open()
+        self.confirmed = ConfirmedPublisher(settings, "bench-collector-publisher").open()
         self.source = FixedPolicy(weights)
         self.envs = EnvBatch(ENV_ID, ENV_NUM, seed=0)
         self.eps = eps
@@ -116,6 +117,7 @@ class _Collector:
 
     def close(self) -> None:
         self.envs.close()
+        self.confirmed.close()
         self.link.close()
 
     def spec(self, steps: int) -> CollectorSpec:
@@ -147,7 +149,8 @@ class _Collector:
             max_length=self.settings.metadata_queue_length,
             expires_s=self.settings.metadata_queue_expires_s,
         )
-        publisher = MetadataPublisher(self.link, decl)
+        publisher = MetadataPublisher(self.confirmed, decl)
+        nacks_before = self.confirmed.nacks
         self.reader.send({"mode": "warren", "queue": decl.name, "count": None, "prefetch": 64})
         procs.wait_ready(self.reader)
         # A fresh directory per repeat, deleted only with the case: creating files right
@@ -156,6 +159,7 @@ class _Collector:
         rollout, started = self._rollout(steps, sink)
         seconds = time.monotonic() - started
         answer = self.reader.receive(60)
+        self.confirmed.forget(decl.name)
         self.link.delete_queue(decl.name)
         if not answer.get("done"):
             raise RuntimeError(f"the reader did not see the end of {decl.name}: {answer}")
@@ -165,7 +169,7 @@ class _Collector:
             "steps_s": info.step_count / seconds,
             "messages_per_step": answer["count"] / max(1, info.step_count),
             "files": float(sink.files_written),
-            "full_waits": float(publisher.full_waits),
+            "full_waits": float(self.confirmed.nacks - nacks_before),  # messages the full queue refused
         }
 
 

@@ -21,7 +21,7 @@ import pika
 from benchmarks import procs, raw_stream
 from benchmarks.common import CaseContext, CaseResult, Trials, alternate
 from benchmarks.stats import Row
-from messaging import BrokerLink, MetadataPublisher, Names, Settings, codec
+from messaging import BrokerLink, ConfirmedPublisher, MetadataPublisher, Names, Settings, codec
 
 NAME = "stream"
 TITLE = "metadata stream"
@@ -91,13 +91,15 @@ class _Stream:
             max_length=self.settings.metadata_queue_length,
             expires_s=self.settings.metadata_queue_expires_s,
         )
-        publisher = MetadataPublisher(self.link, decl)
-        self._read("warren", decl.name)
-        started = time.monotonic()
-        for message in self.messages:
-            publisher.publish(message, headers={"kind": "data"})
-        published = time.monotonic()
-        self.full_waits.append(publisher.full_waits)
+        with ConfirmedPublisher(self.settings, "bench-stream-publisher") as confirmed:
+            publisher = MetadataPublisher(confirmed, decl)
+            self._read("warren", decl.name)
+            started = time.monotonic()
+            for message in self.messages:
+                publisher.publish(message, headers={"kind": "data"})
+            publisher.flush(120)
+            published = time.monotonic()
+            self.full_waits.append(confirmed.nacks)  # messages the full queue refused
         return self._finish(started, published, decl.name)
 
     def raw_sync(self) -> dict[str, float]:

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from messaging.errors import (
     ConfigurationError,
     ConnectionClosed,
     ConnectionFailed,
+    MessagingError,
     PublishRejected,
     QueueLocked,
     QueueNotFound,
@@ -47,8 +49,34 @@ class _ExpectedChannelCloses(logging.Filter):
         return not ("Received remote Channel.Close (404)" in text or "Received remote Channel.Close (405)" in text)
 
 
+_thread_state = threading.local()
+
+
+class _EventsReportedByTheThread(logging.Filter):
+    """Keep pika's warnings and errors out of the log on threads that report their connection's
+    events themselves (a publisher's I/O thread logs one warning per loss and per reconnect
+    and raises warren errors). pika logs each refused connect or lost socket several times,
+    with tracebacks; with ``messaging`` at DEBUG those lines stay visible, as DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not getattr(_thread_state, "reports_own_events", False):
+            return True
+        if not logging.getLogger("messaging").isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+def report_connection_events_here() -> None:
+    """Mark the calling thread as the one that reports its connection's events (see above)."""
+    _thread_state.reports_own_events = True
+
+
 logging.getLogger("pika.adapters.blocking_connection").addFilter(_ExpectedOutcomes())
 logging.getLogger("pika.channel").addFilter(_ExpectedChannelCloses())
+# A logger's filters do not see its children's records: give every pika module logger the filter.
+for _name in [n for n in logging.root.manager.loggerDict if n == "pika" or n.startswith("pika.")]:
+    logging.getLogger(_name).addFilter(_EventsReportedByTheThread())
 
 #: pika errors after which retrying the same connect cannot help.
 _FATAL_CONNECT_ERRORS = (
@@ -104,9 +132,9 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
         return BlockingConnection(params)
 
     try:
-        return connect_retrying(timeout_s=budget, retry_if=_retryable)(attempt)
+        return connect_retrying(timeout_s=budget, retry_if=is_retryable_connect_error)(attempt)
     except _FATAL_CONNECT_ERRORS as exc:
-        if _retryable(exc):  # the retry budget ran out on cut handshakes
+        if is_retryable_connect_error(exc):  # the retry budget ran out on cut handshakes
             raise ConnectionFailed(
                 f"could not connect to {settings.redacted_url} within {budget:g} s: {exc!r}"
             ) from None
@@ -118,7 +146,8 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
         ) from None
 
 
-def _retryable(exc: BaseException) -> bool:
+def is_retryable_connect_error(exc: BaseException) -> bool:
+    """Whether a failed connection attempt is worth another try (an outage, not a refusal)."""
     if not isinstance(exc, (pika.exceptions.AMQPConnectionError, OSError)):
         return False
     if isinstance(exc, _FATAL_CONNECT_ERRORS):
@@ -134,25 +163,36 @@ def translated(what: str) -> Iterator[None]:
     """Translate pika's exceptions raised inside the block into warren's tree."""
     try:
         yield
-    except pika.exceptions.UnroutableError:
-        raise QueueNotFound(f"{what}: no queue to route to (it does not exist)") from None
-    except pika.exceptions.NackError:
-        raise PublishRejected(f"{what}: the broker rejected the message (queue full or resource alarm)") from None
-    except pika.exceptions.ChannelClosedByBroker as exc:
+    except (pika.exceptions.AMQPError, OSError) as exc:
+        raise translate(exc, what) from None
+
+
+def translate(exc: BaseException, what: str) -> MessagingError:
+    """The warren error for a pika (or socket) exception; ``what`` says what was being done.
+
+    For callers that receive pika's exceptions as values (the callbacks of an
+    asynchronous connection) rather than as raised errors.
+    """
+    if isinstance(exc, pika.exceptions.UnroutableError):
+        return QueueNotFound(f"{what}: no queue to route to (it does not exist)")
+    if isinstance(exc, pika.exceptions.NackError):
+        return PublishRejected(f"{what}: the broker rejected the message (queue full or resource alarm)")
+    if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
         if exc.reply_code == 404:
-            raise QueueNotFound(f"{what}: {exc.reply_text}") from None
+            return QueueNotFound(f"{what}: {exc.reply_text}")
         if exc.reply_code == 405:
-            raise QueueLocked(f"{what}: {exc.reply_text}") from None
-        raise ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})") from None
-    except (
-        pika.exceptions.AMQPConnectionError,
-        pika.exceptions.ConnectionWrongStateError,
-        pika.exceptions.ChannelWrongStateError,
-        pika.exceptions.StreamLostError,
-        pika.exceptions.ChannelClosed,
-        ConnectionError,
-        OSError,
-    ) as exc:
-        raise ConnectionClosed(f"{what}: connection lost ({exc!r})") from None
-    except pika.exceptions.AMQPChannelError as exc:
-        raise ChannelError(f"{what}: {exc!r}") from None
+            return QueueLocked(f"{what}: {exc.reply_text}")
+        return ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})")
+    if isinstance(
+        exc,
+        (
+            pika.exceptions.AMQPConnectionError,
+            pika.exceptions.ChannelWrongStateError,
+            pika.exceptions.ChannelClosed,
+            OSError,
+        ),
+    ):
+        return ConnectionClosed(f"{what}: connection lost ({exc!r})")
+    if isinstance(exc, pika.exceptions.AMQPChannelError):
+        return ChannelError(f"{what}: {exc!r}")
+    return MessagingError(f"{what}: {exc!r}")

@@ -12,7 +12,15 @@ import time
 
 import pytest
 
-from messaging import BrokerLink, MessagingError, MetadataConsumer, MetadataPublisher, Names, Settings
+from messaging import (
+    BrokerLink,
+    ConfirmedPublisher,
+    MessagingError,
+    MetadataConsumer,
+    MetadataPublisher,
+    Names,
+    Settings,
+)
 from tests import broker_admin
 from tests.fault_report import record, scaled
 from tests.faults.conftest import Cluster
@@ -41,15 +49,17 @@ def test_metadata_confirmed_before_a_broker_restart_is_all_there_after_it(
     stop = threading.Event()
 
     def publish() -> None:
-        with BrokerLink(patient, "test-publisher") as link:
-            publisher = MetadataPublisher(link, queue)
+        with ConfirmedPublisher(patient, "test-publisher") as confirming:
+            publisher = MetadataPublisher(confirming, queue)
             i = 0
             while not stop.is_set():
                 try:
                     publisher.publish({"data_id": f"d{i}", "policy_iter": i})
+                    publisher.flush(patient.connect_timeout_s)  # confirmed: the claim under test
                     confirmed.append(i)
                 except MessagingError:
                     failed.append(i)
+                    break  # a publisher's failure is final
                 i += 1
 
     thread = threading.Thread(target=publish)

@@ -12,7 +12,15 @@ import logging
 import threading
 import time
 
-from messaging import BrokerLink, CodecError, MessagingError, MetadataPublisher, QueueDecl, Settings, StreamStopped
+from messaging import (
+    CodecError,
+    ConfirmedPublisher,
+    MessagingError,
+    MetadataPublisher,
+    QueueDecl,
+    Settings,
+    StreamStopped,
+)
 from worker.collector.sink import BrokerSink
 from worker.errors import WarrenError
 from worker.protocol import FinishInfo, InfoItem, StartTask
@@ -22,7 +30,8 @@ from worker.storage import FileStamp, PolicySnapshot, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
 
-#: How long the last info of a failed or aborted task waits for room in a full metadata queue.
+#: How long the last info of a failed or aborted task, and the data before it, wait for the
+#: broker's confirms (for room in a full metadata queue).
 FINAL_INFO_WAIT_S = 5.0
 
 
@@ -124,9 +133,9 @@ class CollectorRun:
     # -- the task thread ------------------------------------------------------------
 
     def _main(self) -> None:
-        link = BrokerLink(self._transport, self._role)
+        confirmed = ConfirmedPublisher(self._transport, self._role, stall_timeout_s=self._stall_timeout_s)
         try:
-            publisher = MetadataPublisher(link, self.metadata, stop=self.stop, stall_timeout_s=self._stall_timeout_s)
+            publisher = MetadataPublisher(confirmed.open(), self.metadata, stop=self.stop)
             self._collect(publisher)
             if self._aborted:
                 self._final_info(publisher, aborted=True)
@@ -137,7 +146,7 @@ class CollectorRun:
             self.orphaned = True
             logger.error("task %s lost its broker link: %s", self.task_id, exc.message)
         finally:
-            link.close()
+            confirmed.close(FINAL_INFO_WAIT_S)
             self.finished_at = time.monotonic()
             self.finished.set()
 
@@ -203,9 +212,12 @@ class CollectorRun:
             aborted=aborted,
         )
         # The run's stop switch is set by now; the final info gets its own, bounded patience
-        # for room in the queue (a coordinator reading the stream makes room within moments).
-        final = MetadataPublisher(publisher.link, self.metadata, stall_timeout_s=FINAL_INFO_WAIT_S)
+        # (a coordinator reading the stream makes room within moments): first for the data
+        # before it, which it must not overtake, then for itself.
+        deadline = time.monotonic() + FINAL_INFO_WAIT_S
         try:
-            final.publish(message.to_wire(), headers={"kind": "info"})
+            publisher.publisher.flush(FINAL_INFO_WAIT_S)
+            publisher.publish(message.to_wire(), headers={"kind": "info"})
+            publisher.publisher.flush(max(0.0, deadline - time.monotonic()))
         except (StreamStopped, MessagingError) as exc:
             logger.warning("task %s: final info not published: %s", self.task_id, exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -12,25 +12,40 @@ from messaging import MetadataPublisher
 from worker.protocol import DataItem, InfoItem
 from worker.storage import StepStore
 
+#: Longest wait for the broker to confirm a task's data before its done info, and then the
+#: done info itself. A reader that stopped reading fails the publisher sooner (StreamStalled
+#: after the collector's stall_timeout_s); a worker shutdown interrupts it (StreamStopped).
+DONE_WAIT_S: Final = 600.0
+
 
 class BrokerSink:
     """A :class:`worker.rl.rollout.SampleSink` writing files first, then confirmed metadata.
 
     The order is the guarantee: a ``data_id`` is published only after its file was
     atomically renamed into place, so every data metadata a reader sees names a complete
-    file. Publishing does not wait for the broker (confirms arrive in the background,
-    see :class:`messaging.ConfirmedPublisher`), except before the info that ends the
-    task: everything before it is confirmed first, so a reader that sees
-    ``collector_done`` has been sent all of the task's data. Each message also carries
-    ``task_id`` and ``buffer_id``, so a coordinator reading the stream straight from the
-    broker needs nothing else.
+    file. Each message also carries ``task_id`` and ``buffer_id``, so a coordinator
+    reading the stream straight from the broker needs nothing else.
+
+    Metadata is published without waiting for the broker, except around the info that
+    ends the task (``collector_done``): it goes out once every message before it is
+    confirmed, since a message refused by a full queue can be overtaken, and the task
+    ends once it is confirmed itself. ``done_wait_s`` bounds each of those two waits.
     """
 
-    def __init__(self, store: StepStore, publisher: MetadataPublisher, *, task_id: str, buffer_id: str) -> None:
+    def __init__(
+        self,
+        store: StepStore,
+        publisher: MetadataPublisher,
+        *,
+        task_id: str,
+        buffer_id: str,
+        done_wait_s: float = DONE_WAIT_S,
+    ) -> None:
         self.store = store
         self.publisher = publisher
         self.task_id = task_id
         self.buffer_id = buffer_id
+        self.done_wait_s = done_wait_s
         self.files_written = 0
 
     def add_chunk(self, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -45,5 +60,7 @@ class BrokerSink:
     def add_info(self, info: dict[str, Any]) -> None:
         item = InfoItem(task_id=self.task_id, buffer_id=self.buffer_id, **info)
         if item.collector_done:
-            self.publisher.flush()
+            self.publisher.flush(self.done_wait_s)
         self.publisher.publish(item.to_wire(), headers={"kind": "info"})
+        if item.collector_done:
+            self.publisher.flush(self.done_wait_s)
