@@ -10,10 +10,21 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from messaging import BrokerLink, MetadataConsumer, MetadataItem, QueueDecl, RpcClient, Settings
+from messaging import (
+    BrokerConnectionError,
+    BrokerLink,
+    ConfirmedPublisher,
+    MetadataConsumer,
+    MetadataItem,
+    QueueDecl,
+    RpcClient,
+    Settings,
+)
 
 #: Stream items a task's reader holds unacked (the coordinator acks each once handled).
 STREAM_PREFETCH = 64
+#: Forwarded data messages the relay may have unconfirmed before a forward waits.
+RELAY_WINDOW = 256
 
 
 class MetadataStream(Protocol):
@@ -99,16 +110,28 @@ class CoordinatorBus(Protocol):
 
 
 class BrokerBus:
-    """:class:`CoordinatorBus` on one broker link of the coordinator's thread."""
+    """:class:`CoordinatorBus` on one broker link of the coordinator's thread, plus a relay.
+
+    The relay to the learner's queue is a :class:`~messaging.ConfirmedPublisher` (its own
+    connection and thread): forwarding returns at once, and one wait per loop turn
+    collects the confirms of everything forwarded in it.
+    """
 
     def __init__(self, settings: Settings, role: str = "coordinator") -> None:
+        self.settings = settings
+        self.role = role
         self.link = BrokerLink(settings, role)
         self.client = RpcClient(settings, role, link=self.link)
+        self.relay = self._new_relay()
+
+    def _new_relay(self) -> ConfirmedPublisher:
+        return ConfirmedPublisher(self.settings, f"{self.role}-relay", window=RELAY_WINDOW)
 
     def open(self, *decls: QueueDecl) -> None:
         self.link.open()
         for decl in decls:
             self.link.declare(decl)
+        self.relay.open()
 
     def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
         return self.client.send(queue, body, timeout_s=timeout_s)
@@ -123,10 +146,25 @@ class BrokerBus:
         return MetadataConsumer(self.link, queue, prefetch=STREAM_PREFETCH)
 
     def forward(self, queue: str, body: bytes) -> None:
-        self.link.publish(queue, body, persistent=True)
+        try:
+            self.relay.publish(queue, body, persistent=True)
+        except BrokerConnectionError:
+            self._replace_relay()
+            raise
 
     def confirm_forwarded(self, timeout_s: float) -> None:
-        pass  # link.publish waited for each confirm already
+        try:
+            self.relay.flush(timeout_s)
+        except BrokerConnectionError:
+            self._replace_relay()
+            raise
+
+    def _replace_relay(self) -> None:
+        # A publisher that lost the broker for longer than its reconnect budget stays failed:
+        # start a fresh one for the next turn (the unconfirmed items go back to their streams).
+        self.relay.close(timeout_s=0.0)
+        self.relay = self._new_relay()
+        self.relay.open()
 
     def consumers(self, queue: str) -> int:
         return self.link.queue_consumers(queue) or 0
@@ -144,5 +182,6 @@ class BrokerBus:
         self.link.process_events(seconds)
 
     def close(self) -> None:
+        self.relay.close()
         self.client.close()
         self.link.close()
