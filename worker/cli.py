@@ -7,7 +7,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from worker.lifecycle import install_stop_handlers
+from worker.lifecycle import install_stop_handlers, single_threaded_math
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # that arrives while a process is still starting must stop it cleanly too.
     stop = threading.Event()
     install_stop_handlers(stop)
+    single_threaded_math()
     from messaging import ConfigurationError
 
     parser = build_parser()
