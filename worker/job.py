@@ -72,10 +72,11 @@ class CoordinatorSection:
     """A start task no worker took within this long is sent again."""
     task_silence_s: float = 60.0
     """A running task that sends nothing for this long is checked on, then re-run elsewhere."""
-    learner_backlog_samples: int = 16384
-    """Rate limit: new collect tasks start only while the learner has fewer samples than this
-    waiting unread, so collectors never run more than this (plus the tasks running) ahead
-    of training."""
+    max_run_ahead_samples: int = 8192
+    """Rate limit: a collect task starts only while the samples collected but not yet taken
+    in by the learner (its unread queue, plus what running collect tasks will still
+    deliver) stay within this. Collection then runs at the learner's pace, never more than
+    this many samples ahead of training, so the replay ratio holds over the whole run."""
     buffer_id: str = "main"
     """Replay buffer id: names the learner's data queue."""
     policy_name: str = "policy_main"
@@ -111,6 +112,11 @@ class JobConfig:
             self.eval_spec()
         except TaskError as exc:
             raise ConfigurationError(f"the job's tasks would be refused: {exc.message}") from None
+        if self.coordinator.max_run_ahead_samples < self.collector.n_sample:
+            raise ConfigurationError(
+                f"coordinator.max_run_ahead_samples ({self.coordinator.max_run_ahead_samples}) must be at least"
+                f" collector.n_sample ({self.collector.n_sample}): no collect task could ever start"
+            )
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> JobConfig:

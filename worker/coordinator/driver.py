@@ -232,6 +232,7 @@ class TaskDriver:
         if isinstance(metadata, DataItem):
             self.bus.forward(self.learner_queue, item.delivery.envelope.body)
             self._forwarded.append(item)  # acked by settle_forwarded
+            task.samples += metadata.sample_count
             self.stats.samples += metadata.sample_count
             self.stats.data_items += 1
             self.stats.policy_iter = max(self.stats.policy_iter, metadata.policy_iter)

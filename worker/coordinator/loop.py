@@ -152,46 +152,51 @@ class Coordinator:
     # -- scheduling -----------------------------------------------------------------
 
     def _fill(self) -> None:
-        tasks = self.driver.tasks.values()
-        collecting = sum(1 for t in tasks if t.kind is Kind.COLLECT)
-        wanted = self._collect_target(collecting) - collecting
-        if wanted > 0 and self._learner_behind():
-            wanted = 0
-        for _ in range(wanted):
+        collecting = sum(1 for t in self.driver.tasks.values() if t.kind is Kind.COLLECT)
+        slots = self._collect_slots(collecting)
+        run_ahead = self._run_ahead() if slots > 0 else 0
+        n_sample = self.job.collector.n_sample
+        held = False
+        for _ in range(slots):
+            if run_ahead + n_sample > self.job.coordinator.max_run_ahead_samples:
+                held = True  # the rate limit: the learner is behind
+                break
             eps = self.job.learner.epsilon(self.stats.env_steps)
             self.driver.launch(Kind.COLLECT, self.job.collect_spec(eps))
+            self._idle_workers = max(0, self._idle_workers - 1)  # claimed until the next count
+            run_ahead += n_sample
+            collecting += 1
+        self.stats.held_back = held
         now = time.monotonic()
         if now >= self._next_eval and not any(t.kind is Kind.EVAL for t in self.driver.tasks.values()):
             self.driver.launch(Kind.EVAL, self.job.eval_spec())
             self._next_eval = now + self.job.coordinator.eval_interval_s
 
-    def _collect_target(self, collecting: int) -> int:
-        """How many collect tasks should run: the configured number, or (auto) one per worker.
+    def _collect_slots(self, collecting: int) -> int:
+        """How many more collect tasks could run: up to the configured number, or (auto) one per worker.
 
         In auto mode the idle workers are the consumers of the shared task queue (a busy
         worker pauses its consumer), counted at every liveness check.
         """
         fixed = self.job.coordinator.collect_tasks
         if fixed > 0:
-            return fixed
+            return max(0, fixed - collecting)
         starting = sum(1 for t in self.driver.tasks.values() if t.state is State.STARTING)
         spare = max(0, self._idle_workers - starting)
-        self._idle_workers -= min(self._idle_workers, spare)  # claimed until the next count
-        return max(1, collecting + spare)
+        return max(1, collecting + spare) - collecting
 
-    def _learner_behind(self) -> bool:
-        """The rate limiter: is more unread data waiting for the learner than the job allows?
+    def _run_ahead(self) -> int:
+        """Samples collected or promised that the learner has not taken in: the rate limiter's measure.
 
-        The learner takes data only as fast as it trains at its replay ratio, so the
-        samples in its queue are how far collection runs ahead of training.
+        The learner takes data only as fast as it trains at its replay ratio, so what waits
+        in its queue, plus what the running collect tasks will still deliver, is how far
+        collection runs ahead of training.
         """
         items = self.bus.depth(self.names.learner_data(self.job.coordinator.buffer_id))
         per_item = self.stats.samples / self.stats.data_items if self.stats.data_items else 0.0
-        behind = items * per_item > self.job.coordinator.learner_backlog_samples
-        if behind != self.stats.held_back:
-            logger.info("%s collection: the learner has %d chunks unread", "holding" if behind else "resuming", items)
-        self.stats.held_back = behind
-        return behind
+        n_sample = self.job.collector.n_sample
+        promised = sum(max(0, n_sample - t.samples) for t in self.driver.tasks.values() if t.kind is Kind.COLLECT)
+        return round(items * per_item) + promised
 
     # -- outcomes -------------------------------------------------------------------
 

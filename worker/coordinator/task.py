@@ -45,6 +45,8 @@ class Task:
     stream: MetadataStream | None = None
     last_heard: float = field(default_factory=time.monotonic)
     last_info: InfoItem | None = None
+    samples: int = 0
+    """Samples of the data items forwarded so far."""
     steps_counted: int = 0
     episodes_counted: int = 0
     done: bool = False

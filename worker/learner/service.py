@@ -36,7 +36,7 @@ _MAX_BATCH = 64
 #: Data metadata the broker hands the learner ahead of its acks. Small on purpose: what the
 #: learner has not taken yet stays visible as the queue's depth, which is how the
 #: coordinator sees that the learner is behind and holds the collectors back.
-_PREFETCH = 2
+_PREFETCH = 1
 #: data_ids remembered to skip redeliveries of data already learned from.
 _RECENT_IDS = 100_000
 
