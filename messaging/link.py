@@ -13,6 +13,7 @@ broker has already requeued them); acking one is a logged no-op.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
@@ -30,6 +31,9 @@ from messaging.subscription import Delivery, Subscription
 from messaging.topology import Names, QueueDecl
 
 logger = logging.getLogger(__name__)
+
+#: Correlation ids of returned messages kept for :meth:`BrokerLink.was_returned`.
+_RETURNS_KEPT = 1024
 
 
 class BrokerLink:
@@ -49,6 +53,8 @@ class BrokerLink:
         self._reconnect_enabled = reconnect
         self._conn: BlockingConnection | None = None
         self._publish_channel: BlockingChannel | None = None
+        self._unconfirmed_channel: BlockingChannel | None = None
+        self._returned: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._declared: dict[str, QueueDecl] = {}
         self._subscriptions: list[Subscription] = []
         self._generation = 0
@@ -94,7 +100,7 @@ class BrokerLink:
         if self._generation > 0:
             logger.warning("%s link reconnected", self.role)
         self._generation += 1
-        self._publish_channel = None
+        self._publish_channel = self._unconfirmed_channel = None
         try:
             self._declare_base()
             for decl in self._declared.values():
@@ -108,7 +114,7 @@ class BrokerLink:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        self._publish_channel = None
+        self._publish_channel = self._unconfirmed_channel = None
         if conn is not None and conn.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                 conn.close()
@@ -227,7 +233,7 @@ class BrokerLink:
         expiration_ms: int | None = None,
         headers: dict[str, Any] | None = None,
         mandatory: bool = True,
-        message_id: str | None = None,
+        confirm: bool = True,
     ) -> None:
         """Publish to ``queue`` through the default exchange and wait for the broker's confirm.
 
@@ -235,8 +241,13 @@ class BrokerLink:
         silently dropped message. After a connection loss the message is published
         again on the new connection: delivery is at-least-once.
 
+        ``confirm=False`` skips the wait (one broker round trip) for messages whose loss
+        the caller detects anyway, such as RPC requests and replies (the caller times out).
+        A ``mandatory`` message the broker cannot route then comes back later, while the
+        link processes events: :meth:`was_returned` tells by its correlation id.
+
         Raises:
-            QueueNotFound: ``queue`` does not exist.
+            QueueNotFound: ``queue`` does not exist (confirmed publishes only).
             PublishRejected: the broker nacked the message (e.g. a full ``reject-publish`` queue).
             BrokerConnectionError: the connection could not be restored.
         """
@@ -247,20 +258,42 @@ class BrokerLink:
             reply_to=reply_to,
             expiration=str(expiration_ms) if expiration_ms is not None else None,
             headers={"schema": SCHEMA_VERSION, **(headers or {})},
-            message_id=message_id,
         )
 
         def run() -> None:
-            channel = self._confirm_channel()
+            channel = self._confirm_channel() if confirm else self._plain_channel()
             try:
                 with translated(f"publishing to {queue}"):
                     channel.basic_publish("", queue, body, properties=props, mandatory=mandatory)
             except (QueueNotFound, ChannelError):
                 # The broker may close the channel on some refusals: start a fresh one next time.
-                self._publish_channel = None
+                self._publish_channel = self._unconfirmed_channel = None
                 raise
 
         self._with_recovery(run)
+
+    def was_returned(self, correlation_id: str) -> bool:
+        """Whether an unconfirmed ``mandatory`` message with this correlation id came back unroutable."""
+        if correlation_id not in self._returned:
+            return False
+        del self._returned[correlation_id]
+        return True
+
+    def _plain_channel(self) -> BlockingChannel:
+        conn = self._ensure()
+        if self._unconfirmed_channel is None or not self._unconfirmed_channel.is_open:
+            with translated("opening a publishing channel"):
+                channel = conn.channel()
+                channel.add_on_return_callback(self._on_return)
+            self._unconfirmed_channel = channel
+        return self._unconfirmed_channel
+
+    def _on_return(self, _channel: BlockingChannel, method: Any, props: Any, _body: bytes) -> None:
+        if props.correlation_id:
+            self._returned[props.correlation_id] = None
+            while len(self._returned) > _RETURNS_KEPT:
+                self._returned.popitem(last=False)
+        logger.debug("message to %s returned: %s", method.routing_key, method.reply_text)
 
     def _confirm_channel(self) -> BlockingChannel:
         conn = self._ensure()

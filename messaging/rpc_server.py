@@ -349,7 +349,8 @@ class RpcServer:
             self._finish(job.delivery, replies.error(problem, {"message": "bad request"}), ack=False)
             return
         reply = self._run_handler(job.handler, Request(body, envelope, link))
-        sent = self._finish(job.delivery, reply.result, ack=True)
+        confirm = reply.on_sent is not None or reply.on_failed is not None
+        sent = self._finish(job.delivery, reply.result, ack=True, confirm=confirm)
         callback = reply.on_sent if sent else reply.on_failed
         if callback is not None:
             try:
@@ -372,11 +373,14 @@ class RpcServer:
             return Reply(replies.ok(result.result), result.on_sent, result.on_failed)
         return Reply(replies.ok(result))
 
-    def _finish(self, delivery: Delivery, reply: dict[str, Any], *, ack: bool) -> bool:
+    def _finish(self, delivery: Delivery, reply: dict[str, Any], *, ack: bool, confirm: bool = False) -> bool:
         """Have the I/O thread publish ``reply`` (when there is a reply_to), then settle.
 
         Replies go out on the consuming connection, which keeps its heartbeats however long
-        the handler ran. Returns whether the broker confirmed the reply.
+        the handler ran. A reply is confirmed by the broker before the request is acked only
+        when ``confirm`` (a handler that must know whether its reply arrived); otherwise a
+        lost reply is the caller's timeout, like a lost request. Returns whether the reply
+        was published (and, with ``confirm``, confirmed).
         """
         envelope = delivery.envelope
         try:
@@ -390,7 +394,7 @@ class RpcServer:
         def on_io_thread() -> None:
             try:
                 if envelope.reply_to:
-                    outcome[0] = self._publish_reply(envelope, body)
+                    outcome[0] = self._publish_reply(envelope, body, confirm=confirm)
                 if ack:
                     delivery.ack()
                 else:
@@ -403,10 +407,10 @@ class RpcServer:
             logger.warning("reply to %s not settled in time", envelope.reply_to)
         return outcome[0]
 
-    def _publish_reply(self, envelope: Envelope, body: bytes) -> bool:
+    def _publish_reply(self, envelope: Envelope, body: bytes, *, confirm: bool) -> bool:
         assert envelope.reply_to is not None and self._io_link is not None
         try:
-            self._io_link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id)
+            self._io_link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id, confirm=confirm)
         except QueueNotFound:
             logger.warning("reply queue %s is gone; the caller will not get its reply", envelope.reply_to)
             return False

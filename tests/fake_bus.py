@@ -57,6 +57,8 @@ class FakeBus:
     """Confirmed copies sent to the learner's queue."""
     unconfirmed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     confirm_failure: MessagingError | None = None
+    learner_backlog: int = 0
+    """Data items waiting in the learner's queue."""
     settled: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """(queue, "ack" | "requeue" | "dead-letter", message) in settlement order."""
     deleted: list[str] = field(default_factory=list)
@@ -69,7 +71,7 @@ class FakeBus:
     def open(self, *decls: QueueDecl) -> None:
         self.declared += [d.name for d in decls]
 
-    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
         if queue.count(".control.") and queue not in self.alive:
             raise QueueNotFound(f"no queue {queue}")
         correlation_id = f"c{next(self._ids)}"
@@ -106,6 +108,8 @@ class FakeBus:
         return queue in self.alive or queue in self.queues
 
     def depth(self, queue: str) -> int:
+        if queue.endswith(".learner.main"):
+            return self.learner_backlog
         return len(self.queues.get(queue, ()))
 
     def delete(self, queue: str) -> None:

@@ -795,7 +795,9 @@ def _write_step_file(data: Path, data_id: str, kind: str) -> None:
         (data / data_id).write_bytes(os.urandom(64))
         return
     elif kind == "wrong document":
-        (data / data_id).write_bytes(encode({"schema": SCHEMA_VERSION, "kind": "warren.samples", "data_id": data_id, "count": "x"}))
+        (data / data_id).write_bytes(
+            encode({"schema": SCHEMA_VERSION, "kind": "warren.samples", "data_id": data_id, "count": "x"})
+        )
         return
     elif kind == "fifo":
         os.mkfifo(data / data_id)

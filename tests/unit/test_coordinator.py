@@ -90,8 +90,8 @@ def records(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def test_one_collect_task_is_started_per_idle_worker(tmp_path: Path) -> None:
-    # Given three workers listening on the task queue
-    coordinator, bus = make(tmp_path, idle=3)
+    # Given three workers listening on the task queue (and room for their tasks in the rate limit)
+    coordinator, bus = make(tmp_path, idle=3, max_run_ahead_samples=10**6)
     # When the coordinator runs a turn
     coordinator.turn()
     # Then it sent three valid collect tasks to the shared queue, no more
@@ -100,6 +100,34 @@ def test_one_collect_task_is_started_per_idle_worker(tmp_path: Path) -> None:
     assert {s.queue for s in starts} == {"p.collector.tasks"}
     tasks = [StartTask.from_wire(s.body) for s in starts]
     assert all(t.cfg.n_sample and not t.cfg.eval_flag for t in tasks)
+    coordinator.turn()
+    assert len(bus.starts()) == 3
+
+
+def test_collection_never_runs_further_ahead_of_the_learner_than_the_limit(tmp_path: Path) -> None:
+    # Given three idle workers and room for two tasks' samples ahead of training
+    n_sample = JobConfig().collector.n_sample
+    coordinator, bus = make(tmp_path, idle=3, max_run_ahead_samples=2 * n_sample)
+    # Then only two tasks start
+    coordinator.turn()
+    assert len(bus.starts()) == 2 and coordinator.stats.held_back
+    # When one delivers its samples and ends while the learner has not taken them yet
+    first = bus.starts()[0]
+    reply = bus.accept(first, "w1")
+    coordinator.turn()
+    bus.push(reply.metadata_queue, {**data(reply.task_id, 1, steps=n_sample), "sample_count": n_sample})
+    bus.push(reply.metadata_queue, info(reply.task_id, steps=n_sample, done=True))
+    coordinator.turn()
+    bus.replies[bus.sent[-1].correlation_id] = finished(
+        eval_flag=False, train_iter=0, steps=n_sample, returns=[]
+    ).to_wire()
+    bus.learner_backlog = 1
+    coordinator._idle_workers = 3
+    coordinator.turn()
+    coordinator.turn()
+    # Then no new task starts until the learner takes that chunk in
+    assert len(bus.starts()) == 2
+    bus.learner_backlog = 0
     coordinator.turn()
     assert len(bus.starts()) == 3
 

@@ -46,11 +46,14 @@ class CoordinatorBus(Protocol):
         """Connect and declare the queues the coordinator relies on."""
         ...
 
-    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
         """Publish a request (expiring after ``timeout_s``); returns its correlation id.
 
+        ``durable``: persistent and confirmed, so it survives a broker restart in its queue.
+
         Raises:
-            QueueNotFound: nobody serves ``queue`` (a dead worker's control queue).
+            QueueNotFound: nobody serves ``queue`` (a dead worker's control queue); for a
+                request that is not durable, :meth:`poll` raises it instead.
         """
         ...
 
@@ -59,6 +62,7 @@ class CoordinatorBus(Protocol):
 
         Raises:
             RemoteError: the worker refused the request.
+            QueueNotFound: the request came back: nobody serves its queue.
         """
         ...
 
@@ -133,8 +137,8 @@ class BrokerBus:
             self.link.declare(decl)
         self.relay.open()
 
-    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
-        return self.client.send(queue, body, timeout_s=timeout_s)
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
+        return self.client.send(queue, body, timeout_s=timeout_s, durable=durable)
 
     def poll(self, correlation_id: str) -> dict[str, Any] | None:
         return self.client.poll(correlation_id)

@@ -114,7 +114,8 @@ class TaskDriver:
         assert task.start is not None
         timeout = self.timeouts.start_s
         task.state = State.STARTING
-        task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout)
+        # Durable: a start request waiting in the task queue survives a broker restart.
+        task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout, durable=True)
         # The request expires in the queue after ``timeout``; a worker that took it just in
         # time still gets to answer during the grace period.
         task.deadline = time.monotonic() + timeout + self.timeouts.start_grace_s
@@ -273,6 +274,10 @@ class TaskDriver:
         assert task.correlation_id is not None
         try:
             result = self.bus.poll(task.correlation_id)
+        except QueueNotFound:
+            logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)
+            self.complete(task, None)
+            return
         except RemoteError as exc:
             logger.warning("closing task %s: %s", task.task_id, exc.message)
             self.complete(task, None)
