@@ -234,6 +234,8 @@ class TaskDriver:
             self.bus.forward(self.learner_queue, item.delivery.envelope.body)
             self._forwarded.append(item)  # acked by settle_forwarded
             task.samples += metadata.sample_count
+            if self.stats.first_data_at is None:
+                self.stats.first_data_at = time.monotonic()
             self.stats.samples += metadata.sample_count
             self.stats.data_items += 1
             self.stats.policy_iter = max(self.stats.policy_iter, metadata.policy_iter)

@@ -140,6 +140,7 @@ class Coordinator:
             "samples": stats.samples,
             "episodes": stats.episodes,
             "wall_time_s": round(stats.elapsed(), 2),
+            "collection_s": round(stats.collection_s(), 2),
             "tasks_done": stats.tasks_done,
             "tasks_rerun": stats.tasks_rerun,
             "evals": stats.evals,
