@@ -217,7 +217,7 @@ class _Collector:
         return {
             "steps_s": info.step_count / seconds,
             "messages_per_step": answer["count"] / max(1, info.step_count),
-            "files": float(sink.files_written),
+            "files": float(len(sink.written)),
             "full_waits": float(self.confirmed.nacks - nacks_before),  # messages the full queue refused
         }
 

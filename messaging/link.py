@@ -25,7 +25,8 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 
 from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION
 from messaging.connection import connect, translated
-from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, QueueLocked, QueueNotFound
+from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, QueueNotFound
+from messaging.queue_admin import QueueAdmin
 from messaging.settings import Settings
 from messaging.subscription import Delivery, Subscription
 from messaging.topology import Names, QueueDecl
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 _RETURNS_KEPT = 1024
 
 
-class BrokerLink:
+class BrokerLink(QueueAdmin):
     """One thread's connection to RabbitMQ, with confirmed publishing and subscriptions.
 
     Args:
@@ -161,64 +162,24 @@ class BrokerLink:
             )
             channel.close()
 
-    def declare(self, decl: QueueDecl) -> None:
-        """Declare a queue now and again after every reconnect (idempotent)."""
+    def declare(self, decl: QueueDecl, *, remember: bool = True) -> None:
+        """Declare a queue now and, with ``remember``, again after every reconnect (idempotent).
+
+        Declare once (``remember=False``) what another connection owns from then on, such as
+        the metadata queue of a task run by another thread: redeclaring it after a reconnect,
+        when its reader may have deleted it, would bring it back for nobody.
+        """
 
         def run() -> None:
             self._declare_on(self._ensure().channel(), decl)
 
         self._with_recovery(run)
-        self._declared[decl.name] = decl
+        if remember:
+            self._declared[decl.name] = decl
 
     def forget(self, queue: str) -> None:
         """Stop redeclaring ``queue`` after reconnects."""
         self._declared.pop(queue, None)
-
-    def queue_depth(self, queue: str) -> int | None:
-        """Ready messages in ``queue``, or ``None`` if it does not exist."""
-        counts = self._queue_counts(queue)
-        return None if counts is None else counts[0]
-
-    def queue_consumers(self, queue: str) -> int | None:
-        """Consumers attached to ``queue``, or ``None`` if it does not exist."""
-        counts = self._queue_counts(queue)
-        return None if counts is None else counts[1]
-
-    def _queue_counts(self, queue: str) -> tuple[int, int] | None:
-        """(ready messages, consumers) of ``queue`` by a passive declare, or ``None``."""
-
-        def run() -> tuple[int, int] | None:
-            channel = self._ensure().channel()
-            try:
-                with translated(f"inspecting queue {queue}"):
-                    frame = channel.queue_declare(queue, passive=True)
-            except QueueNotFound:
-                return None  # the broker closed that channel with the 404
-            with translated("closing a channel"):
-                channel.close()
-            return int(frame.method.message_count), int(frame.method.consumer_count)
-
-        result: tuple[int, int] | None = self._with_recovery(run)
-        return result
-
-    def queue_exists(self, queue: str) -> bool:
-        """Whether ``queue`` exists, including another connection's exclusive queue."""
-        try:
-            return self.queue_depth(queue) is not None
-        except QueueLocked:
-            return True
-
-    def delete_queue(self, queue: str) -> None:
-        """Delete a queue and its messages (no error if it is already gone)."""
-
-        def run() -> None:
-            channel = self._ensure().channel()
-            with translated(f"deleting queue {queue}"):
-                channel.queue_delete(queue)
-                channel.close()
-
-        self._with_recovery(run)
-        self.forget(queue)
 
     # -- publishing ---------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -9,7 +10,7 @@ from typing import Any
 
 from messaging import replies
 from messaging.codec import decode, encode
-from messaging.errors import DecodeError, QueueNotFound, RpcTimeout
+from messaging.errors import DecodeError, MessagingError, QueueNotFound, RpcTimeout
 from messaging.link import BrokerLink
 from messaging.settings import Settings
 from messaging.subscription import Envelope, Subscription
@@ -55,10 +56,17 @@ class RpcClient:
         return self._reply_decl.name
 
     def close(self) -> None:
-        """Stop consuming replies and close the link if the client opened it."""
+        """Stop consuming replies, delete the reply queue, close the link if the client opened it.
+
+        The reply queue goes with its client: a reply still on its way then comes back
+        unroutable to its server, which learns that nobody heard it (a collector drops a
+        task whose start reply nobody received) instead of delivering it for nobody.
+        """
         if self._replies is not None:
             self._replies.close()
             self._replies = None
+            with contextlib.suppress(MessagingError):
+                self.link.delete_queue(self.reply_queue)
         if self._owns_link:
             self.link.close()
 

@@ -105,7 +105,7 @@ class RpcServer:
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._stopping = threading.Event()
-        self._ready = threading.Event()
+        self._started = threading.Event()
         self._io_link: BrokerLink | None = None
         self._io_thread: threading.Thread | None = None
         self._handler_threads = [
@@ -151,7 +151,9 @@ class RpcServer:
         self._io_thread.start()
         for thread in self._handler_threads:
             thread.start()
-        if wait_s is not None and not self._ready.wait(wait_s):
+        # _started is set once consuming, or once the I/O thread gave up: a connection that
+        # failed for good ends the wait at once instead of after wait_s.
+        if wait_s is not None and (not self._started.wait(wait_s) or self.error is not None):
             raise (
                 self.error
                 if isinstance(self.error, MessagingError)
@@ -190,7 +192,7 @@ class RpcServer:
         self._io_link = link
         try:
             link.open()
-            self._ready.set()
+            self._started.set()
             while not self._stopping.is_set():
                 try:
                     self._run_ops()
@@ -203,8 +205,12 @@ class RpcServer:
             self._shutdown(link)
         except BaseException as exc:  # the outermost boundary: log, record, let stop() return
             self.error = exc
-            logger.critical("%s server stopped on an error: %s", self.role, exc, exc_info=True)
+            # A final connection failure is an expected outcome, said in one line; anything
+            # else is a bug, worth its traceback.
+            expected = isinstance(exc, BrokerConnectionError)
+            logger.critical("%s server stopped on an error: %s", self.role, exc, exc_info=not expected)
         finally:
+            self._started.set()
             for _ in self._handler_threads:
                 self._jobs.put(None)
             link.close()

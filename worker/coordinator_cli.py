@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ def add_parser(commands: Any) -> None:
         description=(
             "Keep collect tasks running on every collector worker that listens on the task queue, "
             "evaluate every eval_interval_s, forward data metadata to the learner, and stop at the "
-            "stop value or a budget. Exit code 0 when the stop value was reached, 3 otherwise."
+            "stop value or a budget. Exit code 0 when the stop value was reached, 3 when a budget "
+            "ran out, 1 when the run cannot go on (broker unreachable, tasks refused by every worker)."
         ),
     )
     add_transport_flags(parser)
@@ -53,4 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warren coordinator: {exc.message}")
         return 1
     print(json.dumps(summary))
+    if summary["error"]:
+        print(f"warren coordinator: {summary['error']}", file=sys.stderr)
+        return 1
     return 0 if summary["success"] else 3

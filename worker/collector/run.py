@@ -90,6 +90,7 @@ class CollectorRun:
         self._policy_wait_s = policy_wait_s
         self._envs = envs
         self._rollout: Rollout | None = None
+        self._sink: BrokerSink | None = None
         self._aborted = False
         self._thread = threading.Thread(target=self._main, name=f"collector-{start.task_id}", daemon=True)
 
@@ -112,6 +113,10 @@ class CollectorRun:
         """Stop for a worker shutdown: the final info says the task was aborted, not done."""
         self._aborted = True
         self.close(timeout_s)
+
+    def written(self) -> list[str]:
+        """Data ids of the step files the task wrote (so that a cancelled task can remove them)."""
+        return list(self._sink.written) if self._sink is not None else []
 
     def finish_info(self) -> FinishInfo:
         if self._rollout is not None:
@@ -153,6 +158,7 @@ class CollectorRun:
     def _collect(self, publisher: MetadataPublisher) -> None:
         start = self.start_task
         sink = BrokerSink(self._steps, publisher, task_id=start.task_id, buffer_id=start.buffer_id)
+        self._sink = sink
         source = None
         if start.cfg.policy_update_path is not None:
             source = FilePolicySource(self._policies, start.cfg.policy_update_path)

@@ -46,7 +46,8 @@ class BrokerSink:
         self.task_id = task_id
         self.buffer_id = buffer_id
         self.done_wait_s = done_wait_s
-        self.files_written = 0
+        self.written: list[str] = []
+        """The data ids of the step files written so far."""
 
     def add_chunk(self, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
         # Random, not derived from the task: a task run twice (a redelivered start) must not
@@ -54,7 +55,7 @@ class BrokerSink:
         data_id = f"chunk_{uuid.uuid4().hex}"
         item = DataItem(data_id=data_id, task_id=self.task_id, buffer_id=self.buffer_id, **meta)
         self.store.write(data_id, samples)
-        self.files_written += 1
+        self.written.append(data_id)
         self.publisher.publish(item.to_wire(), headers={"kind": "data"})
 
     def add_info(self, info: dict[str, Any]) -> None:

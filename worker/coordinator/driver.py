@@ -55,6 +55,8 @@ class Timeouts:
 
 Completed = Callable[[Task, FinishInfo | None], None]
 """Called once per finished task with its close reply (``None`` when the worker never gave one)."""
+Refused = Callable[[Task, Refusal | None, str], None]
+"""Called when a worker refuses a start request: the refusal's code (if known) and its message."""
 
 
 class TaskDriver:
@@ -70,6 +72,7 @@ class TaskDriver:
         on_running: called when a task's start reply arrived (the coordinator checkpoints then).
         on_completed: called once per finished task.
         on_dropped: called once per task given up, with whether it is to be run again.
+        on_refused: called when a worker refuses a start request.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class TaskDriver:
         on_running: Callable[[Task], None],
         on_completed: Completed,
         on_dropped: Callable[[Task, bool], None],
+        on_refused: Refused,
     ) -> None:
         self.bus = bus
         self.stats = stats
@@ -94,6 +98,7 @@ class TaskDriver:
         self.on_running = on_running
         self.on_completed = on_completed
         self.on_dropped = on_dropped
+        self.on_refused = on_refused
         self.tasks: dict[str, Task] = {}
         self.seq = 0
         self._forwarded: list[MetadataItem] = []
@@ -189,8 +194,9 @@ class TaskDriver:
         try:
             result = self.bus.poll(task.correlation_id)
         except RemoteError as exc:
-            logger.error("task %s refused: %s %s", task.task_id, exc.message, exc.result)
-            self.drop(task, rerun=Refusal.of(exc.result) is Refusal.WORKER_BUSY)
+            refusal = Refusal.of(exc.result)
+            self.drop(task, rerun=refusal is Refusal.WORKER_BUSY)
+            self.on_refused(task, refusal, exc.message)
             return
         if result is None:
             if time.monotonic() > task.deadline:

@@ -10,6 +10,7 @@ writes a checkpoint. The run ends at the stop value, a budget, or a signal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from worker.coordinator.driver import TaskDriver, Timeouts
 from worker.coordinator.progress import Progress, RunLog
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State, Task
-from worker.protocol import FinishInfo
+from worker.protocol import FinishInfo, Refusal
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,9 @@ LIVENESS_CHECK_S = 2.0
 TURN_S = 0.05
 #: How long running tasks get to close when the run ends.
 SHUTDOWN_S = 15.0
+#: Pause before the next start after a transient refusal, doubling up to the maximum.
+REFUSAL_BACKOFF_S = 0.2
+REFUSAL_BACKOFF_MAX_S = 5.0
 
 
 class Coordinator:
@@ -66,12 +70,17 @@ class Coordinator:
             on_running=lambda _task: self._checkpoint(),
             on_completed=self._record,
             on_dropped=self._dropped,
+            on_refused=self._refused,
         )
         self.reason = "running"
         self.success = False
+        self.error: str | None = None
+        """Why the run cannot go on (a refused job, a dead learner); set through :meth:`abort`."""
         self._next_eval = time.monotonic() + coord.eval_interval_s
         self._next_check = time.monotonic() + LIVENESS_CHECK_S
         self._idle_workers = 0
+        self._fill_after = 0.0
+        self._refusals = 0
 
     # -- the run --------------------------------------------------------------------
 
@@ -113,12 +122,18 @@ class Coordinator:
             self.stop.wait(1.0)
         self.progress.update(self.stats, self.driver.workers_alive())
 
+    def abort(self, reason: str) -> None:
+        """End the run as failed (from any thread): the job cannot succeed, say why and stop."""
+        if self.error is None:
+            self.error = reason
+        self.stop.set()
+
     def _finished(self) -> bool:
         coord = self.job.coordinator
         if self.success:
             return True
         if self.stop.is_set():
-            self.reason = "stopped by signal"
+            self.reason = self.error or "stopped by signal"
         elif self.stats.env_steps >= coord.max_env_steps:
             self.reason = f"env step budget of {coord.max_env_steps:,} used"
         elif self.stats.elapsed() >= coord.max_time_s:
@@ -133,6 +148,7 @@ class Coordinator:
         return {
             "success": self.success,
             "reason": self.reason,
+            "error": self.error,
             "stop_value": self.job.env.stop_value,
             "best_eval": stats.best_eval,
             "last_eval": stats.last_eval,
@@ -153,6 +169,8 @@ class Coordinator:
     # -- scheduling -----------------------------------------------------------------
 
     def _fill(self) -> None:
+        if time.monotonic() < self._fill_after:
+            return
         collecting = sum(1 for t in self.driver.tasks.values() if t.kind is Kind.COLLECT)
         slots = self._collect_slots(collecting)
         run_ahead = self._run_ahead() if slots > 0 else 0
@@ -204,6 +222,19 @@ class Coordinator:
     def _dropped(self, task: Task, rerun: bool) -> None:
         if rerun and task.kind is Kind.EVAL:
             self._next_eval = time.monotonic()  # the next fill starts a new one
+
+    def _refused(self, task: Task, refusal: Refusal | None, message: str) -> None:
+        """A worker refused a start: the end of the run if no worker can ever accept it, else a pause."""
+        if refusal is not None and refusal.permanent:
+            logger.error("the job's %s tasks are refused (%s): %s", task.kind, refusal, message)
+            self.abort(f"{task.kind} tasks refused by the workers ({refusal}): {message}")
+            return
+        # Busy or broken workers: wait a little before the next start, longer each time,
+        # instead of sending the same request again every loop turn.
+        self._refusals += 1
+        delay = min(REFUSAL_BACKOFF_MAX_S, REFUSAL_BACKOFF_S * 2 ** (self._refusals - 1))
+        self._fill_after = time.monotonic() + delay
+        logger.warning("start of %s refused (%s); next start in %.1f s", task.task_id, refusal or message, delay)
 
     def _record(self, task: Task, finish: FinishInfo | None) -> None:
         record: dict[str, Any] = {
@@ -266,6 +297,9 @@ class Coordinator:
             except MessagingError as exc:
                 logger.warning("shutdown: %s", exc.message)
                 break
+        for task in list(self.driver.tasks.values()):  # no close reply in time: free its queue all the same
+            with contextlib.suppress(MessagingError):
+                self.driver.drop(task, rerun=False)
         summary = self.summary()
         self.progress.update(self.stats, self.driver.workers_alive(), force=True)
         self.progress.finish(summary)
