@@ -221,3 +221,90 @@ def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Setting
         proc.wait(60)
     # Then the collector declared its metadata queue with the flag's value, not the default
     assert lengths == {3}
+
+
+def _run_command(
+    settings: Settings, workdir: Path, *extra: str, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **role_env(settings)}
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", "run", "--workdir", str(workdir), "--progress", "off", *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env_id", "said"),
+    [("NotAnEnv-v0", "unknown env id 'NotAnEnv-v0'"), ("Pendulum-v1", "Discrete is required")],
+)
+def test_a_job_whose_env_cannot_be_used_fails_before_any_child_starts(
+    settings: Settings, tmp_path: Path, env_id: str, said: str
+) -> None:
+    started = time.monotonic()
+    done = _run_command(settings, tmp_path / "run", "--env-id", env_id)
+    assert done.returncode == 1
+    assert said in done.stderr
+    assert time.monotonic() - started < 30  # not the 30-minute budget
+    assert not (tmp_path / "run" / "logs").exists()  # no child was started
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("amqp://guest:guest@127.0.0.1:1/%2F", "no usable broker"),
+        ("amqp://guest:not-the-password@127.0.0.1:5672/%2F", "no usable broker"),
+    ],
+)
+def test_a_broker_that_cannot_be_used_fails_the_run_in_seconds(
+    settings: Settings, tmp_path: Path, url: str, said: str
+) -> None:
+    started = time.monotonic()
+    done = _run_command(settings, tmp_path / "run", "--amqp-url", url)
+    assert done.returncode == 1 and said in done.stderr
+    assert "password" not in done.stderr or "not-the-password" not in done.stderr
+    assert time.monotonic() - started < 20
+    assert "Traceback" not in done.stderr
+
+
+def test_the_run_ends_when_its_learner_dies_and_leaves_the_broker_clean(settings: Settings, tmp_path: Path) -> None:
+    # Given a run with a long budget
+    env = {**os.environ, **role_env(settings)}
+    args = ["run", "--workdir", str(tmp_path / "run"), "--progress", "off", "--collectors", "1", "--max-time-s", "300"]
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", *args], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _child(proc.pid, "learner") is not None, 60, "the learner process")
+        wait_until(lambda: bool(list((tmp_path / "run" / "policy").glob("policy_main"))), 60, "the first policy")
+        # When the learner dies
+        learner = _child(proc.pid, "learner")
+        assert learner is not None
+        os.kill(learner, signal.SIGKILL)
+        # Then the run ends soon, failed, saying why
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "the learner exited" in stderr
+    # and its queues and exchange are gone from the broker
+    left = [q["name"] for q in queues(settings.amqp_url) if q["name"].startswith(settings.prefix + "-")]
+    assert left == []
+    assert not list((tmp_path / "run" / "data").iterdir())
+
+
+def _child(parent: int, role: str) -> int | None:
+    """The pid of ``parent``'s child running ``warren <role>``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == parent and role.encode() in cmdline:
+            return int(entry.name)
+    return None

@@ -7,6 +7,7 @@ against RabbitMQ and real workers; these pin down what it decides, turn by turn.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,7 @@ def test_a_busy_worker_refusal_frees_the_slot_for_a_new_task(tmp_path: Path) -> 
     bus.refuse(first, Refusal.WORKER_BUSY.value)
     coordinator.turn()
     assert coordinator.stats.tasks_rerun == 1
+    coordinator._fill_after = 0.0  # past the back-off
     coordinator.turn()
     assert len(bus.starts()) == 2
     assert StartTask.from_wire(bus.starts()[1].body).task_id != StartTask.from_wire(first.body).task_id
@@ -320,17 +322,29 @@ def test_a_close_to_a_vanished_worker_completes_the_task_from_its_last_info(tmp_
     assert record["task_id"] == task_id and record["cur_step"] == 256
 
 
-def test_shutdown_closes_running_tasks_and_gives_up_starting_ones(tmp_path: Path) -> None:
+def test_shutdown_closes_running_tasks_and_starting_ones_once_they_start(tmp_path: Path) -> None:
     coordinator, bus = make(tmp_path, collect_tasks=1, eval_interval_s=0.0)
     coordinator.turn()
-    collect, _eval = bus.starts()
+    collect, evaluation = bus.starts()
     bus.accept(collect, "w1")  # the collect task runs; the eval task is still starting
     coordinator.turn()
-    starting = [t for t in coordinator.driver.tasks.values() if t.state is State.STARTING]
-    assert [t.kind for t in starting] == [Kind.EVAL]
     coordinator.driver.close_all()
-    assert starting[0].correlation_id in bus.abandoned
-    assert [t.state for t in coordinator.driver.tasks.values()] == [State.CLOSING]
+    states = {t.kind: t.state for t in coordinator.driver.tasks.values()}
+    assert states == {Kind.COLLECT: State.CLOSING, Kind.EVAL: State.STARTING}
+    # When the eval's worker answers after all, the task is closed at once
+    bus.accept(evaluation, "w2")
+    coordinator.driver.advance_all()
+    assert bus.sent[-1].queue == "p.collector.control.w2" and bus.sent[-1].body == {"name": TaskName.CLOSE.value}
+
+
+def test_shutdown_frees_the_queue_of_a_start_never_answered(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    (start,) = bus.starts()
+    coordinator.shutdown_s = 0.0  # the worker never answers
+    coordinator._shutdown()
+    task_id = StartTask.from_wire(start.body).task_id
+    assert f"p.metadata.{task_id}" in bus.deleted and start.correlation_id in bus.abandoned
 
 
 def test_a_checkpoint_restores_the_counters_and_the_running_tasks(tmp_path: Path) -> None:
@@ -420,3 +434,38 @@ def test_a_checkpoint_of_the_previous_format_still_resumes_a_finished_task(tmp_p
     }
     _seq, (task,) = restore({"running": {"t1": saved}}, RunStats())
     assert task.done and task.last_info is not None and task.last_info.cur_step == 40
+
+
+def test_a_start_no_worker_can_ever_accept_ends_the_run_with_the_reason(tmp_path: Path) -> None:
+    # Given a job whose env the workers cannot run
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    bus.refuse(bus.starts()[0], Refusal.UNSUPPORTED_ENV.value)
+    # When the refusal arrives, the run ends at once, as a failure saying why; nothing is resent
+    coordinator.turn()
+    assert coordinator._finished() and not coordinator.success
+    assert coordinator.error is not None and "unsupported env" in coordinator.error
+    assert len(bus.starts()) == 1
+    assert coordinator.summary()["error"] == coordinator.error
+
+
+def test_transient_refusals_back_off_instead_of_resending_every_turn(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    bus.refuse(bus.starts()[0], Refusal.WORKER_BUSY.value)
+    coordinator.turn()
+    for _ in range(20):  # a second of loop turns would have been 20 start requests before
+        coordinator.turn()
+    assert len(bus.starts()) == 1
+    coordinator._fill_after = 0.0  # the pause is over
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+    assert not coordinator._finished()
+
+
+def test_abort_from_another_thread_ends_the_run_as_failed(tmp_path: Path) -> None:
+    coordinator, _bus = make(tmp_path)
+    threading.Thread(target=coordinator.abort, args=("the learner exited with code 1",)).start()
+    summary = coordinator.run()
+    assert summary["error"] == summary["reason"] == "the learner exited with code 1"
+    assert not summary["success"]

@@ -221,6 +221,8 @@ class TaskDriver:
         self.stats.workers.add(reply.worker_id)
         logger.debug("task %s running on %s", task.task_id, task.worker_id)
         self.on_running(task)
+        if task.cancelled:
+            self.send_close(task)
 
     def read(self, task: Task) -> None:
         """Handle every metadata item that has arrived for ``task``."""
@@ -383,7 +385,7 @@ class TaskDriver:
     # -- shutdown -------------------------------------------------------------------
 
     def close_all(self) -> None:
-        """Ask every running task to close; give up on the ones not started yet."""
+        """Ask every running task to close, and every starting one to close once it started."""
         for task in list(self.tasks.values()):
             if task.state is State.RUNNING:
                 try:
@@ -391,9 +393,9 @@ class TaskDriver:
                 except MessagingError as exc:
                     logger.warning("cannot close task %s (%s); leaving it", task.task_id, exc.message)
                     self.drop(task, rerun=False)
-            elif task.state is State.STARTING and task.correlation_id is not None:
-                self.bus.abandon(task.correlation_id)
-                self.tasks.pop(task.task_id, None)
+            elif task.state is State.STARTING:
+                # A worker may take the request yet: close the task once it says it started.
+                task.cancelled = True
 
     def workers_alive(self) -> int:
         return len({t.worker_id for t in self.tasks.values() if t.worker_id is not None})

@@ -81,6 +81,8 @@ class Coordinator:
         self._idle_workers = 0
         self._fill_after = 0.0
         self._refusals = 0
+        self.shutdown_s = SHUTDOWN_S
+        """How long running tasks get to close when the run ends."""
 
     # -- the run --------------------------------------------------------------------
 
@@ -288,7 +290,7 @@ class Coordinator:
 
     def _shutdown(self) -> None:
         """Close running tasks (bounded), forward what they already sent, then leave."""
-        deadline = time.monotonic() + SHUTDOWN_S
+        deadline = time.monotonic() + self.shutdown_s
         self.driver.close_all()
         while self.driver.tasks and time.monotonic() < deadline:
             try:
@@ -297,7 +299,14 @@ class Coordinator:
             except MessagingError as exc:
                 logger.warning("shutdown: %s", exc.message)
                 break
-        for task in list(self.driver.tasks.values()):  # no close reply in time: free its queue all the same
+        for task in list(self.driver.tasks.values()):
+            # No close reply in time: free the task's queue all the same (a start request not
+            # answered yet may still create it; a later start reply finds no reply queue, and
+            # the worker then drops the task).
+            if task.metadata_queue is None:
+                task.metadata_queue = self.names.metadata(task.task_id)
+            if task.correlation_id is not None:
+                self.bus.abandon(task.correlation_id)
             with contextlib.suppress(MessagingError):
                 self.driver.drop(task, rerun=False)
         summary = self.summary()

@@ -53,6 +53,8 @@ class Task:
     """The worker said ``collector_done``: close it."""
     misses: int = 0
     """Liveness checks in a row that found the worker's control queue gone."""
+    cancelled: bool = False
+    """The run is ending: close the task as soon as it has started."""
 
     def count(self, cur_step: int, cur_episode: int) -> tuple[int, int]:
         """New env steps and episodes since the last counters seen (they only grow; redeliveries add nothing)."""
