@@ -235,9 +235,10 @@ def test_bad_tasks_are_refused_clearly_and_the_worker_keeps_serving(
     body = start_body("t-evil", policy={"type": "dqn"}, policy_update_path=POLICY, collect_setting={"eps": 0.1})
     started = client.call(tasks, body)
     items = drain_data_tasks(client, started["control_queue"])
-    assert "error" in items[-1]
+    assert "error" in items[-1] and items[-1]["collector_done"] is True
     finish = client.call(started["control_queue"], {"name": "collector_close_task"})
     assert "policy" in finish["error"]
+    assert finish["collector_done"] is True  # a failed task is over, as its final info said
     assert not marker.exists()
     # The same worker still serves a good task.
     assert worker.alive()

@@ -133,7 +133,9 @@ class CollectorRun:
                 samples=0,
                 returns=[],
             )
-        return dataclasses.replace(info, error=self.error, task_id=self.task_id)
+        # A failed task is over (its final info says collector_done: true); an aborted one is not.
+        done = info.collector_done or (self.error is not None and not self._aborted)
+        return dataclasses.replace(info, collector_done=done, error=self.error, task_id=self.task_id)
 
     # -- the task thread ------------------------------------------------------------
 
