@@ -19,6 +19,7 @@ from messaging import (
     MetadataConsumer,
     MetadataPublisher,
     Names,
+    RpcClient,
     Settings,
 )
 from tests import broker_admin
@@ -177,3 +178,21 @@ def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> No
         tasks_completed=summary["tasks_done"],
         run_completed=True,
     )
+
+
+def test_a_start_request_waiting_in_its_queue_survives_a_broker_restart(
+    private_broker: PrivateNode, private_settings: Settings, private_link: BrokerLink
+) -> None:
+    # Given start requests queued while no worker listens: one sent durable (as the
+    # coordinator sends starts), one not
+    names = Names(private_settings.prefix)
+    private_link.declare(names.collector_tasks_decl())
+    with RpcClient(private_settings, "restart-client") as client:
+        client.send(names.collector_tasks, {"name": "collector_start_task"}, timeout_s=600, durable=True)
+        client.send(names.collector_tasks, {"name": "collector_start_task"}, timeout_s=600)
+        broker_admin.wait_until(lambda: private_link.queue_depth(names.collector_tasks) == 2, 10, "both queued")
+    # When the broker restarts
+    _restart_broker(private_broker, 0.5)
+    # Then the durable one is still there for the next worker; the other is gone
+    broker_admin.wait_until(lambda: private_link.queue_depth(names.collector_tasks) is not None, 60, "the queue back")
+    assert private_link.queue_depth(names.collector_tasks) == 1
