@@ -105,7 +105,8 @@ def test_initial_weights_match_the_torch_learner_for_the_same_seed_without_touch
     assert not torch.equal(other["net.0.weight"], ref.policy_state()["net.0.weight"])
 
 
-@pytest.mark.parametrize(("double_dqn", "tau"), [(True, 1.0), (False, 1.0), (True, 0.5), (False, 0.5)])
+# (tau 0.5 alone could not tell a Polyak update by tau from one by 1 - tau, hence also 0.3)
+@pytest.mark.parametrize(("double_dqn", "tau"), [(True, 1.0), (False, 1.0), (True, 0.5), (False, 0.3)])
 def test_numpy_learner_follows_the_torch_learner_step_for_step(double_dqn: bool, tau: float) -> None:
     # Given both learners with the same spec and seed
     spec = replace(SPEC, double_dqn=double_dqn, tau=tau)
@@ -132,9 +133,11 @@ def test_resumed_numpy_learner_follows_a_torch_learner_resumed_from_the_same_pol
         producer.train_step(batch)
     state, iter_ = producer.policy_state(), producer.iter
 
-    # When a numpy and a torch learner, built with another seed, resume from it
+    # When a numpy and a torch learner, built with another seed and trained a little (so
+    # Adam has state to forget), resume from it
     fast = NumpyDQNLearner(SPEC, OBS_DIM, N_ACTIONS, seed=9)
     ref = DQNLearner(SPEC, OBS_DIM, N_ACTIONS, seed=9)
+    train_side_by_side(ref, fast, batches(5, seed=3))
     for learner in (fast, ref):
         learner.load_policy(state, iter_)
 
