@@ -90,8 +90,8 @@ class ReplayBuffer:
     def sample_arrays(self, batch_size: int, rng: np.random.Generator) -> dict[str, npt.NDArray[Any]]:
         """Uniformly sample ``batch_size`` transitions (with replacement) as new numpy arrays.
 
-        ``np.take`` per field rather than fancy indexing (``self.obs[idx]``), which costs
-        several times more for these few rows; sampling is once per train step.
+        ``np.take`` per field rather than fancy indexing (``self.obs[idx]``), which costs two to
+        three times more for these few rows; sampling is once per train step.
 
         Raises:
             ValueError: the buffer is empty.
