@@ -64,9 +64,32 @@ def test_sample_returns_tensors_of_the_stored_transitions() -> None:
     torch.testing.assert_close(batch["next_obs"], batch["obs"] + 0.5)
 
 
-def test_sampling_an_empty_buffer_is_an_error() -> None:
+def test_sample_arrays_draws_the_same_transitions_as_sample_as_fresh_numpy_arrays() -> None:
+    buf = ReplayBuffer(100, 3)
+    buf.add(chunk(0, 10))
+
+    arrays = buf.sample_arrays(32, np.random.default_rng(0))
+    tensors = buf.sample(32, np.random.default_rng(0))
+
+    assert {k: (v.shape, v.dtype.name) for k, v in arrays.items()} == {
+        "obs": ((32, 3), "float32"),
+        "next_obs": ((32, 3), "float32"),
+        "action": ((32,), "int64"),
+        "reward": ((32,), "float32"),
+        "done": ((32,), "bool"),
+    }
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(array, tensors[name].numpy())
+    np.testing.assert_array_equal(arrays["next_obs"], arrays["obs"] + 0.5)
+    # copies: the learner may write into a batch without touching the buffer
+    arrays["obs"][:] = -1.0
+    assert (buf.obs[:10] >= 0.0).all()
+
+
+@pytest.mark.parametrize("method", ["sample", "sample_arrays"])
+def test_sampling_an_empty_buffer_is_an_error(method: str) -> None:
     with pytest.raises(ValueError, match="empty"):
-        ReplayBuffer(10, 3).sample(4, np.random.default_rng(0))
+        getattr(ReplayBuffer(10, 3), method)(4, np.random.default_rng(0))
 
 
 def _broken(**changes: Any) -> dict[str, Any]:

@@ -6,6 +6,10 @@ for a missing or corrupt file), adds its samples to a replay buffer, acks the me
 and deletes the file it no longer needs. Between messages it trains at the configured
 replay ratio, and publishes ``{model, iter}`` to the policy file atomically, under the
 same lock the collectors read with, at most every ``policy_write_interval_s``.
+
+The train step is the job's bottleneck (collection is paced to the replay ratio), so it
+runs :class:`worker.rl.fast_dqn.NumpyDQNLearner`, the numpy twin of the torch reference
+``DQNLearner``, on numpy batches from :meth:`ReplayBuffer.sample_arrays`.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from messaging import BrokerConnectionError, BrokerLink, MetadataConsumer, Metad
 from worker.config import LearnerConfig
 from worker.errors import MissingFile, StorageError, TaskError
 from worker.protocol import DataItem, read_metadata
-from worker.rl.dqn import DQNLearner, ReplayBuffer
+from worker.rl.dqn import ReplayBuffer
 from worker.rl.envs import make_env
+from worker.rl.fast_dqn import NumpyDQNLearner
 from worker.rl.policy import limit_torch_threads
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
@@ -66,7 +71,7 @@ class Learner:
         obs_dim, n_actions = _env_dims(self.job.env.id)
         spec = self.job.learner
         self.buffer = ReplayBuffer(spec.replay_capacity, obs_dim, n_actions=n_actions)
-        self.learner = DQNLearner(spec, obs_dim, n_actions, seed=self.job.env.seed)
+        self.learner = NumpyDQNLearner(spec, obs_dim, n_actions, seed=self.job.env.seed)
         self.rng = np.random.default_rng(self.job.env.seed)
         self.stats = LearnerStats()
         self._train_credit = 0.0
@@ -119,12 +124,10 @@ class Learner:
             snapshot = None
         if snapshot is not None:
             try:
-                self.learner.q_net.load_state_dict(snapshot.state_dict)
-                self.learner.target_net.load_state_dict(snapshot.state_dict)
-                self.learner.iter = snapshot.iter
+                self.learner.load_policy(snapshot.state_dict, snapshot.iter)
                 logger.info("resumed from policy iter %d", snapshot.iter)
                 return
-            except (RuntimeError, ValueError) as exc:
+            except ValueError as exc:
                 logger.warning("policy file does not fit this network (%s); starting fresh", exc)
         self._write_policy()  # iteration 0, so collectors can start before any training
 
@@ -196,7 +199,7 @@ class Learner:
         # Train in short bursts so new data keeps flowing in between.
         burst = 0
         while self._can_train() and burst < 32 and not self.stop.is_set():
-            batch = self.buffer.sample(self.job.learner.batch_size, self.rng)
+            batch = self.buffer.sample_arrays(self.job.learner.batch_size, self.rng)
             metrics = self.learner.train_step(batch)
             self.stats.last_loss = metrics["loss"]
             self.stats.train_steps += 1
