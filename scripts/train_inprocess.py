@@ -27,8 +27,9 @@ import numpy as np
 
 from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.config import LearnerSpec
-from worker.rl.dqn import DQNLearner, ReplayBuffer
+from worker.rl.dqn import ReplayBuffer
 from worker.rl.envs import VecEnvBatch
+from worker.rl.fast_dqn import NumpyDQNLearner
 from worker.rl.policy import limit_torch_threads
 from worker.rl.rollout import Rollout
 from worker.storage import PolicySnapshot
@@ -56,7 +57,7 @@ class LearnerSource:
     where collectors re-read the policy file every ``update_policy_second``.
     """
 
-    def __init__(self, learner: DQNLearner) -> None:
+    def __init__(self, learner: NumpyDQNLearner) -> None:
         self.learner = learner
         self.snapshot = PolicySnapshot(learner.policy_state(), learner.iter)
 
@@ -82,7 +83,7 @@ def evaluate(source: LearnerSource, hidden: tuple[int, ...], seed: int) -> float
 
 def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    learner = DQNLearner(spec, obs_dim=4, n_actions=2, seed=seed)
+    learner = NumpyDQNLearner(spec, obs_dim=4, n_actions=2, seed=seed)
     buffer = ReplayBuffer(spec.replay_capacity, 4, n_actions=2)
     sink, source = ReplaySink(buffer), LearnerSource(learner)
     envs = VecEnvBatch(ENV_ID, args.env_num, seed=seed * 1000) if args.persistent_envs else None
@@ -105,7 +106,7 @@ def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, A
         if len(buffer) >= spec.learning_starts:
             credit += (buffer.total_added - before) * spec.train_steps_per_sample
             while credit >= 1.0:
-                learner.train_step(buffer.sample(spec.batch_size, rng))
+                learner.train_step(buffer.sample_arrays(spec.batch_size, rng))
                 credit -= 1.0
                 if learner.iter % args.publish_every == 0:
                     source.publish()
