@@ -49,9 +49,9 @@ class EnvSection:
 
 @dataclass(frozen=True)
 class CollectorSection:
-    n_sample: int = 4096
+    n_sample: int = 2048
     """Train samples per collect task (a task is a unit of work a worker takes)."""
-    traj_len: int = 64
+    traj_len: int = 32
     """Steps per chunk (``T``): a step data file holds ``traj_len x collector_env_num`` transitions."""
     update_policy_second: float = 1.0
     """How often collectors re-read the policy file."""
@@ -72,7 +72,7 @@ class CoordinatorSection:
     """A start task no worker took within this long is sent again."""
     task_silence_s: float = 60.0
     """A running task that sends nothing for this long is checked on, then re-run elsewhere."""
-    max_run_ahead_samples: int = 8192
+    max_run_ahead_samples: int = 4096
     """Rate limit: a collect task starts only while the samples collected but not yet taken
     in by the learner (its unread queue, plus what running collect tasks will still
     deliver) stay within this. Collection then runs at the learner's pace, never more than
