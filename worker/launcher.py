@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from messaging import Settings, WarrenError
 from messaging.settings import to_env
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def add_parser(commands: Any) -> None:
     )
     add_transport_flags(parser)
     add_job_flags(parser)
-    parser.add_argument("--collectors", type=int, default=2, help="collector processes (default 2)")
+    parser.add_argument("--collectors", type=positive_int, default=2, help="collector processes (default 2)")
     parser.add_argument("--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<id>)")
     parser.add_argument(
         "--progress",
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, transport=transport)
     for sub in ("data", "policy", "logs"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
-    setup_logging("run", args.log_level)
+    setup_logging("run", log_level(args))
     job_file = workdir / "job.json"
     job_file.write_text(job.to_json())
     stop: threading.Event = args.stop
@@ -129,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
     logger.info(
         "run %s: %d collectors, workdir %s, queue prefix %s", run_id, args.collectors, workdir, transport.prefix
     )
-    children.start("learner", ["learner", "--config", str(job_file)])
+    level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
+    children.start("learner", ["learner", "--config", str(job_file), *level])
     for i in range(args.collectors):
-        children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}"])
+        children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}", *level])
     try:
         summary = Coordinator(config, stop).run()
     except WarrenError as exc:
