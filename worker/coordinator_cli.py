@@ -47,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
     config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
     setup_logging("coordinator", log_level(args))
     stop: threading.Event = args.stop
+    coordinator = Coordinator(config, stop)
     try:
-        summary = Coordinator(config, stop).run()
+        summary = coordinator.run()
     except WarrenError as exc:
         print(f"warren coordinator: {exc.message}")
         return 1
+    finally:
+        coordinator.progress.close()  # the terminal back to normal, however the run ended
     print(json.dumps(summary))
     return 0 if summary["success"] else 3

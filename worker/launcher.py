@@ -133,13 +133,14 @@ def run(args: argparse.Namespace) -> int:
     children.start("learner", ["learner", "--config", str(job_file), *level])
     for i in range(args.collectors):
         children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}", *level])
+    coordinator = Coordinator(config, stop)
     try:
-        summary = Coordinator(config, stop).run()
+        summary = coordinator.run()
     except WarrenError as exc:
         logger.critical("run failed: %s", exc.message)
-        children.stop()
         return 1
     finally:
+        coordinator.progress.close()  # the terminal back to normal, however the run ended
         codes = children.stop()
     summary["children_exit_codes"] = codes
     summary["children_pids"] = {name: proc.pid for name, proc in children.procs.items()}
