@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
     children.start("learner", ["learner", "--config", str(job_file), *level])
     for i in range(args.collectors):
-        children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}", *level])
+        children.start(f"collector-{i}", ["collector", "--worker-id", collector_id(i), *level])
     coordinator = Coordinator(config, stop)
     try:
         summary = coordinator.run()
@@ -148,6 +148,16 @@ def run(args: argparse.Namespace) -> int:
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
     return 0 if summary["success"] else 3
+
+
+def collector_id(index: int) -> str:
+    """The worker id of the run's ``index``-th collector: ``c0``, ``c1``...
+
+    Short, because the collector puts its role in front of it (connection
+    ``warren-collector-c0@host:pid``, log lines ``[collector c0]``); its log file is
+    ``logs/collector-<index>.log``.
+    """
+    return f"c{index}"
 
 
 def child_env(transport: Settings, workdir: Path) -> dict[str, str]:

@@ -6,8 +6,10 @@ import importlib.metadata
 
 import pytest
 
+from messaging.connection import connection_name
 from worker.cli import build_parser, main
 from worker.flags import log_level
+from worker.launcher import collector_id
 
 #: The flags that decide when a run ends: only the coordinator (and ``warren run``) decide that.
 RUN_END_FLAGS = ("--stop-value", "--max-env-steps", "--max-time-s")
@@ -89,3 +91,9 @@ def test_verbose_logs_at_debug_for_every_role() -> None:
         assert log_level(parser.parse_args([command, "-v"])) == "DEBUG"
         assert log_level(parser.parse_args([command, "--log-level", "warning"])) == "WARNING"
         assert log_level(parser.parse_args([command])) == "INFO"
+
+
+def test_warren_run_gives_its_collectors_short_ids_so_names_read_well() -> None:
+    assert [collector_id(i) for i in range(3)] == ["c0", "c1", "c2"]
+    # The collector puts its role in front of its id (worker.collector.service): no doubled word
+    assert connection_name(f"collector-{collector_id(0)}").startswith("warren-collector-c0@")
