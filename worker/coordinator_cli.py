@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from messaging import WarrenError
 from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, non_negative_int
 from worker.logs import setup_logging
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
@@ -46,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     job = job_config(args, **{"coordinator.collect_tasks": args.collect_tasks})
     config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
     setup_logging("coordinator", log_level(args))
+    for warning in job.warnings():
+        logger.warning("%s", warning)
     stop: threading.Event = args.stop
     coordinator = Coordinator(config, stop)
     try:

@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     for sub in ("data", "policy", "logs"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     setup_logging("run", log_level(args))
+    for warning in job.warnings():
+        logger.warning("%s", warning)
     job_file = workdir / "job.json"
     job_file.write_text(job.to_json())
     stop: threading.Event = args.stop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,9 @@ def plot(path: Path, output: Path) -> Path:
     top.plot(steps, returns, marker="o")
     top.set_ylabel("eval return (mean)")
     if summary is not None:
-        top.axhline(float(summary["stop_value"]), color="grey", linestyle="--", label="stop value")
-        top.legend(loc="lower right")
+        if math.isfinite(float(summary["stop_value"])):  # inf: a run meant to end on a budget
+            top.axhline(float(summary["stop_value"]), color="grey", linestyle="--", label="stop value")
+            top.legend(loc="lower right")
         title = f"{path.parent.name}: {'reached' if summary['success'] else 'did not reach'} stop value"
         top.set_title(f"{title} in {summary['wall_time_s']:.0f} s")
     bottom.plot(steps, rates, marker=".", color="tab:green")
