@@ -151,14 +151,15 @@ def test_off_a_terminal_the_status_is_a_plain_line_every_few_seconds() -> None:
     stream = io.StringIO()
     progress = Progress("auto", stream=stream)
     assert progress.mode == "log"
-    stats = RunStats()
+    stats = RunStats(held_back=True)
     progress.update(stats, 2, force=True)
     progress.update(stats, 2)  # within every_s: nothing
     progress.finish(summary())
     lines = stream.getvalue().splitlines()
     assert "\x1b" not in stream.getvalue() and "\r" not in stream.getvalue()
     assert len(lines) == 3
-    assert "| workers 2 |" in lines[0] and "| workers seen 2 |" in lines[1]
+    assert "| workers 2 |" in lines[0] and lines[0].endswith("| held: learner behind")
+    assert "| workers seen 2 |" in lines[1] and "held" not in lines[1]  # the run is over
     assert lines[2].startswith("run reached")
 
 

@@ -22,14 +22,17 @@ def _clock(seconds: float) -> str:
     return f"{minutes:02d}:{secs:02d}"
 
 
-def status_text(stats: RunStats, workers: str) -> str:
-    """The status line: counters, rates and ``workers`` (already worded: now, or seen)."""
+def status_text(stats: RunStats, workers: str, *, final: bool = False) -> str:
+    """The status line: counters, rates and ``workers`` (already worded: now, or seen).
+
+    ``final``: the run is over, so nothing is held back any more.
+    """
     eval_text = f"{stats.last_eval:.1f}" if stats.last_eval is not None else "-"
     return (
         f"{_clock(stats.elapsed())} | env steps {stats.env_steps:,} | {stats.steps_per_s():,.0f} steps/s"
         f" | samples {stats.samples:,} | episodes {stats.episodes:,} | eval {eval_text}"
         f" | {workers} | policy iter {stats.policy_iter:,} | ratio {stats.replay_ratio():.3f}"
-        + (" | held: learner behind" if stats.held_back else "")
+        + (" | held: learner behind" if stats.held_back and not final else "")
     )
 
 
@@ -121,7 +124,7 @@ class Progress:
         if self.mode == "off":
             return
         if self._stats is not None:
-            self._show(status_text(self._stats, f"workers seen {len(summary['workers_seen'])}"))
+            self._show(status_text(self._stats, f"workers seen {len(summary['workers_seen'])}", final=True))
         self.close()
         self.stream.write(summary_text(summary) + "\n")
         self.stream.flush()
