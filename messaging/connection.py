@@ -52,14 +52,22 @@ class _ExpectedChannelCloses(logging.Filter):
 _thread_state = threading.local()
 
 
-class _EventsReportedByTheThread(logging.Filter):
-    """Keep pika's warnings and errors out of the log on threads that report their connection's
-    events themselves (a publisher's I/O thread logs one warning per loss and per reconnect
-    and raises warren errors). pika logs each refused connect or lost socket several times,
-    with tracebacks; with ``messaging`` at DEBUG those lines stay visible, as DEBUG."""
+class _EventsWarrenReports(logging.Filter):
+    """Keep pika's own failure reports out of the log: warren reports each connection event once.
+
+    pika logs one refused connect or lost socket up to seven times, at ERROR and with
+    tracebacks, and then raises; warren turns what it raises into one line of its own
+    (``link lost ...; reconnecting``, ``cannot reach the broker ...``, a
+    ``ConnectionFailed``). So pika's ERROR records are dropped on every thread, and its
+    warnings too on threads that report their connection's events themselves (a
+    publisher's I/O thread, which is handed pika's errors as values, not raised ones).
+    With ``messaging`` at DEBUG (``--verbose``) those records stay visible, as DEBUG,
+    tracebacks included: the detail behind a warren line when it is needed.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not getattr(_thread_state, "reports_own_events", False):
+        threshold = logging.WARNING if getattr(_thread_state, "reports_own_events", False) else logging.ERROR
+        if record.levelno < threshold:
             return True
         if not logging.getLogger("messaging").isEnabledFor(logging.DEBUG):
             return False
@@ -76,7 +84,7 @@ logging.getLogger("pika.adapters.blocking_connection").addFilter(_ExpectedOutcom
 logging.getLogger("pika.channel").addFilter(_ExpectedChannelCloses())
 # A logger's filters do not see its children's records: give every pika module logger the filter.
 for _name in [n for n in logging.root.manager.loggerDict if n == "pika" or n.startswith("pika.")]:
-    logging.getLogger(_name).addFilter(_EventsReportedByTheThread())
+    logging.getLogger(_name).addFilter(_EventsWarrenReports())
 
 #: pika errors after which retrying the same connect cannot help.
 _FATAL_CONNECT_ERRORS = (
@@ -131,8 +139,22 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
         attempts += 1
         return BlockingConnection(params)
 
+    def retrying(attempt_number: int, error: BaseException, wait_s: float) -> None:
+        # One warning per outage (the first failed attempt); the attempts after it only at DEBUG.
+        level = logging.WARNING if attempt_number == 1 else logging.DEBUG
+        logger.log(
+            level,
+            "%s: cannot reach the broker at %s (%s); retrying for up to %g s (attempt %d, next in %.1f s)",
+            role,
+            settings.redacted_url,
+            failure_reason(error),
+            budget,
+            attempt_number,
+            wait_s,
+        )
+
     try:
-        return connect_retrying(timeout_s=budget, retry_if=is_retryable_connect_error)(attempt)
+        return connect_retrying(timeout_s=budget, retry_if=is_retryable_connect_error, on_retry=retrying)(attempt)
     except _FATAL_CONNECT_ERRORS as exc:
         if is_retryable_connect_error(exc):  # the retry budget ran out on cut handshakes
             raise ConnectionFailed(
@@ -142,8 +164,22 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
     except (pika.exceptions.AMQPError, OSError) as exc:
         elapsed = time.monotonic() - started
         raise ConnectionFailed(
-            f"could not connect to {settings.redacted_url} after {attempts} attempts in {elapsed:.1f} s: {exc!r}"
+            f"could not connect to {settings.redacted_url} after {attempts} attempts in {elapsed:.1f} s: "
+            f"{failure_reason(exc)}"
         ) from None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What went wrong, from the innermost error pika wraps (a refused socket is two levels down)."""
+    for _ in range(5):
+        inner = getattr(exc, "exception", None)
+        if not isinstance(inner, BaseException) and exc.args and isinstance(exc.args[0], BaseException):
+            inner = exc.args[0]
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def is_retryable_connect_error(exc: BaseException) -> bool:

@@ -95,8 +95,6 @@ class BrokerLink(QueueAdmin):
             raise ConnectionClosed(f"{self.role} link is closed")
         if self._conn is not None and self._conn.is_open:
             return self._conn
-        if self._generation > 0:
-            logger.warning("%s link reconnecting", self.role)
         self._conn = connect(self.settings, self.role)
         if self._generation > 0:
             logger.warning("%s link reconnected", self.role)
@@ -124,7 +122,7 @@ class BrokerLink(QueueAdmin):
         """After a connection loss: reconnect, or re-raise when reconnecting is off."""
         if not self._reconnect_enabled or self._closed:
             raise error
-        logger.warning("%s link lost (%s)", self.role, error.message)
+        logger.warning("%s link lost (%s); reconnecting", self.role, error.message)
         self._drop()
         self.reconnects += 1
         self._ensure()

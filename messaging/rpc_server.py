@@ -205,10 +205,13 @@ class RpcServer:
             self._shutdown(link)
         except BaseException as exc:  # the outermost boundary: log, record, let stop() return
             self.error = exc
-            # A final connection failure is an expected outcome, said in one line; anything
-            # else is a bug, worth its traceback.
-            expected = isinstance(exc, BrokerConnectionError)
-            logger.critical("%s server stopped on an error: %s", self.role, exc, exc_info=not expected)
+            # A broker that cannot be reached is an outage, fully told by its message (the
+            # traceback only at DEBUG); any other error here is a bug, and needs its traceback.
+            if isinstance(exc, BrokerConnectionError):
+                debug = logger.isEnabledFor(logging.DEBUG)
+                logger.critical("%s server stopped: %s", self.role, exc.message, exc_info=debug)
+            else:
+                logger.critical("%s server stopped on an error: %r", self.role, exc, exc_info=True)
         finally:
             self._started.set()
             for _ in self._handler_threads:

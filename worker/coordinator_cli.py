@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, non_negative_int
 from worker.logs import setup_logging
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
@@ -29,7 +32,7 @@ def add_parser(commands: Any) -> None:
     add_job_flags(parser)
     parser.add_argument(
         "--collect-tasks",
-        type=int,
+        type=non_negative_int,
         help="collect tasks at once (coordinator.collect_tasks); 0, the default: one per collector worker",
     )
     parser.add_argument("--run-log", type=Path, help="JSON-lines log of tasks and evals (for warren plot)")
@@ -47,13 +50,18 @@ def run(args: argparse.Namespace) -> int:
 
     job = job_config(args, **{"coordinator.collect_tasks": args.collect_tasks})
     config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
-    setup_logging("coordinator", args.log_level)
+    setup_logging("coordinator", log_level(args))
+    for warning in job.warnings():
+        logger.warning("%s", warning)
     stop: threading.Event = args.stop
+    coordinator = Coordinator(config, stop)
     try:
-        summary = Coordinator(config, stop).run()
+        summary = coordinator.run()
     except WarrenError as exc:
         print(f"warren coordinator: {exc.message}")
         return 1
+    finally:
+        coordinator.progress.close()  # the terminal back to normal, however the run ended
     print(json.dumps(summary))
     if summary["error"]:
         print(f"warren coordinator: {summary['error']}", file=sys.stderr)

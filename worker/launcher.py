@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from messaging import BrokerLink, Names, Settings, WarrenError
 from messaging.settings import to_env
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def add_parser(commands: Any) -> None:
     )
     add_transport_flags(parser)
     add_job_flags(parser)
-    parser.add_argument("--collectors", type=int, default=2, help="collector processes (default 2)")
+    parser.add_argument("--collectors", type=positive_int, default=2, help="collector processes (default 2)")
     parser.add_argument("--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<id>)")
     parser.add_argument(
         "--progress",
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     # The run's own prefix: its queues cannot meet those of any other deployment or run.
     transport = config.transport.replace(prefix=f"{config.transport.prefix}-{run_id}")
     config = dataclasses.replace(config, transport=transport)
-    setup_logging("run", args.log_level)
+    setup_logging("run", log_level(args))
     problem = preflight(config)
     if problem is not None:
         logger.critical("%s", problem)
@@ -144,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for sub in ("data", "policy", "logs"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
+    for warning in job.warnings():
+        logger.warning("%s", warning)
     job_file = workdir / "job.json"
     job_file.write_text(job.to_json())
     stop: threading.Event = args.stop
@@ -151,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
     logger.info(
         "run %s: %d collectors, workdir %s, queue prefix %s", run_id, args.collectors, workdir, transport.prefix
     )
-    children.start("learner", ["learner", "--config", str(job_file)])
+    level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
+    children.start("learner", ["learner", "--config", str(job_file), *level])
     for i in range(args.collectors):
-        children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}"])
+        children.start(f"collector-{i}", ["collector", "--worker-id", collector_id(i), *level])
     coordinator = Coordinator(config, stop)
     children.watch(_ChildDeaths(coordinator, args.collectors).on_exit)
     try:
@@ -162,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         logger.critical("run failed: %s", exc.message)
         return 1
     finally:
+        coordinator.progress.close()  # the terminal back to normal, however the run ended
         codes = children.stop()
         remove_run_topology(transport, job.coordinator.buffer_id)
         removed = _remove_step_files(workdir / "data")
@@ -246,6 +250,16 @@ def _remove_step_files(data: Path) -> int:
             path.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+def collector_id(index: int) -> str:
+    """The worker id of the run's ``index``-th collector: ``c0``, ``c1``...
+
+    Short, because the collector puts its role in front of it (connection
+    ``warren-collector-c0@host:pid``, log lines ``[collector c0]``); its log file is
+    ``logs/collector-<index>.log``.
+    """
+    return f"c{index}"
 
 
 def child_env(transport: Settings, workdir: Path) -> dict[str, str]:

@@ -56,7 +56,7 @@ def test_two_collectors_train_cartpole_to_the_stop_value(settings: Settings, tmp
     # Then it reaches 195 and everything stops cleanly
     assert code == 0 and summary["success"], summary
     assert summary["best_eval"] >= 195.0
-    assert set(summary["workers_seen"]) == {"collector-0", "collector-1"}
+    assert set(summary["workers_seen"]) == {"c0", "c1"}
     assert all(c == 0 for c in summary["children_exit_codes"].values()), summary["children_exit_codes"]
     assert not any(_alive(pid) for pid in summary["children_pids"].values())
     # The collectors read the learner's policies back: train_iter grows across tasks

@@ -95,9 +95,9 @@ class Coordinator:
         if checkpoint is not None:
             self._resume(checkpoint)
         logger.info(
-            "coordinating %s: %s collect tasks at a time, stop value %s",
+            "coordinating %s: %s, stop value %s",
             self.job.env.id,
-            coord.collect_tasks or "one per collector worker",
+            f"{coord.collect_tasks} collect tasks at a time" if coord.collect_tasks else "one collect task per worker",
             self.job.env.stop_value,
         )
         try:
@@ -310,7 +310,6 @@ class Coordinator:
             with contextlib.suppress(MessagingError):
                 self.driver.drop(task, rerun=False)
         summary = self.summary()
-        self.progress.update(self.stats, self.driver.workers_alive(), force=True)
         self.progress.finish(summary)
         self.run_log.write("summary", summary)
         self.run_log.close()
