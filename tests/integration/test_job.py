@@ -201,7 +201,7 @@ def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path
 def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Settings, tmp_path: Path) -> None:
     # Given warren run with a non-default metadata queue length, and long collect tasks
     job = tmp_path / "job.toml"
-    job.write_text("[collector]\nn_sample = 50000\n")
+    job.write_text("[collector]\nn_sample = 50000\n[coordinator]\nmax_run_ahead_samples = 50000\n")
     env = {**os.environ, **role_env(settings)}
     args = ["run", "--workdir", str(tmp_path / "run"), "--progress", "off", "--config", str(job)]
     args += ["--collectors", "1", "--metadata-queue-length", "3", "--max-time-s", "90"]

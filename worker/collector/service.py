@@ -275,11 +275,12 @@ def run_collector(config: CollectorConfig, stop: threading.Event) -> int:
     try:
         worker.start()
     except WarrenError as exc:
-        logger.critical("cannot start: %s", exc.message)
+        # The RPC server has said why already, when it was the broker; say what it means.
+        logger.critical("worker %s cannot start: %s", config.worker_id, exc.message)
         return 1
     while not stop.wait(1.0):
         if not worker.server.running:
-            logger.critical("the RPC server died: %s", worker.server.error)
+            logger.critical("worker %s stops: it lost its task queues for good", config.worker_id)
             worker.stop()
             return 1
         worker.tick()

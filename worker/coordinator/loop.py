@@ -252,7 +252,8 @@ class Coordinator:
             self.run_log.write("task", record)
             return
         if finish is None or finish.error or not finish.real_episode_count:
-            logger.warning("eval task %s produced no episodes (%s)", task.task_id, finish and finish.error)
+            why = (finish.error if finish is not None else None) or "no close reply"
+            logger.warning("eval task %s produced no episodes (%s)", task.task_id, why)
             return
         self.stats.record_eval(finish.reward_mean)
         self.stats.policy_iter = max(self.stats.policy_iter, finish.train_iter)
