@@ -204,23 +204,15 @@ class _ChildDeaths:
 def preflight(config: Any) -> str | None:
     """What makes this run impossible, found before any child starts (``None``: go ahead).
 
-    The broker is tried once with a short budget (a refused password or a closed port is
-    known in seconds, not after every child's reconnect budget), and the job's env is
-    built once (an unknown id or one a Q-network cannot drive would only be refused by
-    every collector, task after task).
+    The broker is tried once with a short budget: a refused password or a closed port is
+    known in seconds, not after every child's reconnect budget. (A job whose env no
+    collector could run is refused earlier still, when the job config is built.)
     """
-    from worker.errors import TaskError
-    from worker.rl.envs import make_env
-
     probe = config.transport.replace(connect_timeout_s=min(config.transport.connect_timeout_s, PREFLIGHT_CONNECT_S))
     try:
         BrokerLink(probe, "run-preflight", reconnect=False).open().close()
     except WarrenError as exc:
         return f"no usable broker: {exc.message}"
-    try:
-        make_env(config.job.env.id).close()
-    except TaskError as exc:
-        return f"the job's env cannot be used: {exc.message}"
     return None
 
 

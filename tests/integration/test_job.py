@@ -168,7 +168,10 @@ def test_ctrl_c_stops_the_whole_job_and_leaves_no_process(settings: Settings, tm
 def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path: Path, link: Any) -> None:
     # Given the default job (collect_tasks = 0: one per worker) and three collectors
     job = tmp_path / "job.toml"
-    job.write_text("[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 4000\n[learner]\nlearning_starts = 100\n")
+    job.write_text(
+        "[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 20000\nmax_run_ahead_samples = 1000000\n"
+        "[learner]\nlearning_starts = 100\n"
+    )
     volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
     names = Names(settings.prefix)
     procs: list[Proc] = []
@@ -195,7 +198,7 @@ def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path
     concurrent = max(len(r["running"]) for r in records if r["kind"] == "checkpoint")
     assert concurrent == 3
     assert {r["worker_id"] for r in records if r["kind"] == "task"} == {"w0", "w1", "w2"}
-    assert "one per collector worker" in coordinator.log()
+    assert "one collect task per worker" in coordinator.log()
 
 
 def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Settings, tmp_path: Path) -> None:
@@ -246,7 +249,7 @@ def test_a_job_whose_env_cannot_be_used_fails_before_any_child_starts(
 ) -> None:
     started = time.monotonic()
     done = _run_command(settings, tmp_path / "run", "--env-id", env_id)
-    assert done.returncode == 1
+    assert done.returncode == 2  # a job that cannot run is a configuration error
     assert said in done.stderr
     assert time.monotonic() - started < 30  # not the 30-minute budget
     assert not (tmp_path / "run" / "logs").exists()  # no child was started
