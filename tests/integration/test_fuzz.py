@@ -960,6 +960,7 @@ JOB_TOML = (
     "[env]\ncollector_env_num = 1\n"
     "[collector]\nn_sample = 100000000\n"
     "[coordinator]\ncollect_tasks = 1\neval_interval_s = 3600.0\nmax_env_steps = 1000000000000\nmax_time_s = 900.0\n"
+    "max_run_ahead_samples = 100000000\n"
     "[learner_process]\nread_wait_s = 0.1\n"
     "[learner]\nlearning_starts = 1000000000\n"  # no training: the learner only reads, so it keeps up
 )
