@@ -97,7 +97,8 @@ def test_the_whole_job_survives_a_broker_restart(
     # Given a running job whose processes allow a minute of reconnecting
     cluster = cluster_on_private_broker
     patient = {"WARREN_CONNECT_TIMEOUT_S": "90"}
-    budget = scaled(12_000, 150_000)
+    # (a budget that lasts well past the restart: collection runs at the learner's pace)
+    budget = scaled(150_000, 1_000_000)
     cluster.write_job(f"[coordinator]\ncollect_tasks = 2\nmax_time_s = 240.0\nmax_env_steps = {budget}\n")
     learner = cluster._start("learner", ["learner", "--config", str(cluster.job)], **patient)
     collectors = [cluster._start(f"c{i}", ["collector", "--worker-id", f"c{i}"], **patient) for i in range(2)]
