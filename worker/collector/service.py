@@ -5,7 +5,7 @@ Two queues feed it:
 * ``<prefix>.collector.tasks``, shared by every worker: ``resource`` and
   ``collector_start_task``. An idle worker consumes it; a busy one pauses its consumer,
   so start tasks go to the idle workers. Scaling out is starting more workers.
-* ``<prefix>.collector.control.<worker_id>``, the worker's own (exclusive) queue:
+* ``<prefix>.collector.control.<worker_id>``, the worker's own (auto-delete) queue:
   ``collector_data_task`` and ``collector_close_task`` about the collector it runs, and
   ``resource``. It disappears with the worker's connection, so a coordinator sending to
   a dead worker gets an immediate routing error instead of a long timeout.

@@ -2,8 +2,8 @@
 
 :class:`TaskDriver` never blocks for long: requests are sent without waiting and their
 replies polled, streams are read with a zero timeout, and every request has a deadline.
-A worker that dies mid-task is noticed by its control queue vanishing (it is exclusive
-to the worker's connection) or by its silence; what it had already published is kept,
+A worker that dies mid-task is noticed by its control queue vanishing (auto-delete, and
+consumed only by the worker's connection) or by its silence; what it had already published is kept,
 and the task's slot is filled again by the coordinator's scheduling.
 """
 

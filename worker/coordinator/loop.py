@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 LIVENESS_CHECK_S = 2.0
 #: How long the broker connection works per loop turn (replies and stream items arrive meanwhile).
 TURN_S = 0.05
+#: Shortest time between two checkpoints written because tasks started.
+CHECKPOINT_MIN_S = 0.5
 #: How long running tasks get to close when the run ends.
 SHUTDOWN_S = 15.0
 #: Pause before the next start after a transient refusal, doubling up to the maximum.
@@ -67,7 +69,7 @@ class Coordinator:
             learner_queue=self.names.learner_data(coord.buffer_id),
             buffer_id=coord.buffer_id,
             timeouts=Timeouts(coord.start_timeout_s, config.transport.rpc_timeout_s, coord.task_silence_s),
-            on_running=lambda _task: self._checkpoint(),
+            on_running=lambda _task: self._checkpoint(soon=True),
             on_completed=self._record,
             on_dropped=self._dropped,
             on_refused=self._refused,
@@ -81,6 +83,8 @@ class Coordinator:
         self._idle_workers = 0
         self._fill_after = 0.0
         self._refusals = 0
+        self._last_checkpoint = 0.0
+        self._checkpoint_due = False
         self.shutdown_s = SHUTDOWN_S
         """How long running tasks get to close when the run ends."""
 
@@ -118,6 +122,8 @@ class Coordinator:
                 self.driver.check_liveness()
                 self._next_check = time.monotonic() + LIVENESS_CHECK_S
                 self._checkpoint()
+            elif self._checkpoint_due:
+                self._checkpoint(soon=True)
         except BrokerConnectionError as exc:
             # The link reconnects on its next use; until the broker is back there is nothing to do.
             logger.error("broker unavailable: %s", exc.message)
@@ -273,7 +279,19 @@ class Coordinator:
 
     # -- checkpoint and resume ------------------------------------------------------
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, *, soon: bool = False) -> None:
+        """Write a checkpoint; ``soon``: unless one was written less than CHECKPOINT_MIN_S ago (then next turn).
+
+        Tasks start many times a second when they are short: one checkpoint per start
+        would make the run log mostly checkpoints, while a restarted coordinator only
+        needs the newest.
+        """
+        now = time.monotonic()
+        if soon and now - self._last_checkpoint < CHECKPOINT_MIN_S:
+            self._checkpoint_due = True
+            return
+        self._checkpoint_due = False
+        self._last_checkpoint = now
         self.run_log.write("checkpoint", checkpoint_record(self.stats, self.driver.tasks.values(), self.driver.seq))
 
     def _resume(self, checkpoint: dict[str, Any]) -> None:
