@@ -71,7 +71,10 @@ def test_two_collectors_train_cartpole_to_the_stop_value(settings: Settings, tmp
 def test_a_collector_killed_mid_task_does_not_stop_the_run(settings: Settings, tmp_path: Path, link: Any) -> None:
     # Given a coordinator, a learner and three collectors with long collect tasks
     job = tmp_path / "job.toml"
-    job.write_text("[collector]\nn_sample = 4096\n[coordinator]\ncollect_tasks = 2\neval_interval_s = 5.0\n")
+    job.write_text(  # few envs and many samples: a task lasts about a second, long enough to kill into
+        "[env]\ncollector_env_num = 8\n[collector]\nn_sample = 16384\n"
+        "[coordinator]\ncollect_tasks = 2\neval_interval_s = 5.0\nmax_run_ahead_samples = 32768\n"
+    )
     volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
     procs: list[Proc] = []
     names = Names(settings.prefix)
@@ -168,8 +171,9 @@ def test_ctrl_c_stops_the_whole_job_and_leaves_no_process(settings: Settings, tm
 def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path: Path, link: Any) -> None:
     # Given the default job (collect_tasks = 0: one per worker) and three collectors
     job = tmp_path / "job.toml"
-    job.write_text(
-        "[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 20000\nmax_run_ahead_samples = 1000000\n"
+    job.write_text(  # long tasks (few envs, many samples), so the three overlap for seconds
+        "[env]\ncollector_env_num = 4\n[collector]\nn_sample = 20000\n"
+        "[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 60000\nmax_run_ahead_samples = 1000000\n"
         "[learner]\nlearning_starts = 100\n"
     )
     volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
