@@ -1,10 +1,11 @@
 """Metadata stream: ~300-byte metadata dicts from a publisher to a reader in another process.
 
-warren: :class:`messaging.MetadataPublisher` (persistent, confirmed, a task's
-metadata queue with its ``x-max-length`` back-pressure) to a
+warren: :class:`messaging.MetadataPublisher` over a :class:`messaging.ConfirmedPublisher`
+(persistent, 128 confirms in flight, a task's metadata queue with its ``x-max-length``
+back-pressure) to a
 :class:`messaging.MetadataConsumer` in the :mod:`benchmarks.drain` child (prefetch 64,
 as the coordinator). Baselines: raw pika persistent publishes to a plain durable queue,
-(a) BlockingChannel with one confirm per message, (b) SelectConnection with 10
+(a) BlockingChannel with one confirm per message, (b) SelectConnection with 128
 confirms in flight; a raw ``basic_consume`` in the same child reads them. The rate is
 items / (last item read - first publish).
 """
@@ -21,11 +22,11 @@ import pika
 from benchmarks import procs, raw_stream
 from benchmarks.common import CaseContext, CaseResult, Trials, alternate
 from benchmarks.stats import Row
-from messaging import BrokerLink, MetadataPublisher, Names, Settings, codec
+from messaging import BrokerLink, ConfirmedPublisher, MetadataPublisher, Names, Settings, codec
 
 NAME = "stream"
 TITLE = "metadata stream"
-WINDOW = 10
+WINDOW = 128
 PREFETCH = 64
 TARGET_BYTES = 300
 
@@ -91,13 +92,15 @@ class _Stream:
             max_length=self.settings.metadata_queue_length,
             expires_s=self.settings.metadata_queue_expires_s,
         )
-        publisher = MetadataPublisher(self.link, decl)
-        self._read("warren", decl.name)
-        started = time.monotonic()
-        for message in self.messages:
-            publisher.publish(message, headers={"kind": "data"})
-        published = time.monotonic()
-        self.full_waits.append(publisher.full_waits)
+        with ConfirmedPublisher(self.settings, "bench-stream-publisher") as confirmed:
+            publisher = MetadataPublisher(confirmed, decl)
+            self._read("warren", decl.name)
+            started = time.monotonic()
+            for message in self.messages:
+                publisher.publish(message, headers={"kind": "data"})
+            publisher.flush(120)
+            published = time.monotonic()
+            self.full_waits.append(confirmed.nacks)  # messages the full queue refused
         return self._finish(started, published, decl.name)
 
     def raw_sync(self) -> dict[str, float]:
@@ -167,6 +170,6 @@ def _rows(trials: Trials) -> list[Row]:
             warren,
             trials.series("raw-window", "items_s"),
             f"raw SelectConnection, window {WINDOW}",
-            "raw window10 persistent 8,900/s (transient 24k)",
+            "target >= 10,000/s and >= 0.5x; raw window100 persistent 15,600/s",
         ),
     ]

@@ -2,8 +2,8 @@
 
 Each case runs warren and its baseline in this same run, alternating, several repeats;
 the table shows medians with min-max and the ratio warren/baseline. Results go to
-``--out`` (default ``benchmarks/results/<timestamp>.json``) and always to
-``benchmarks/results/last.json``.
+``--out`` and nowhere else, or by default to ``benchmarks/results/<timestamp>.json`` and
+``benchmarks/results/last.json`` (the committed last run, which docs/performance.md quotes).
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and calls, no end-to-end run (< 2 min)")
     parser.add_argument("--cases", help=f"comma-separated subset of: {','.join(CASES)}")
     parser.add_argument("--repeats", type=int, help="repeats per case (default 5, --quick 3)")
-    parser.add_argument("--out", type=Path, help="JSON result file (default benchmarks/results/<time>.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON result file, the only one written (default benchmarks/results/<time>.json and last.json)",
+    )
     parser.add_argument("--amqp-url", help="broker (default WARREN_AMQP_URL or amqp://guest:guest@localhost:5672/%%2F)")
     parser.add_argument("--workdir", type=Path, help="scratch directory for files and logs (default: a temp dir)")
     parser.add_argument(
@@ -181,13 +185,19 @@ def _footer(report: dict[str, Any], gap: Row | None) -> str:
     return "\n".join(lines)
 
 
-def _write(report: dict[str, Any], out: Path | None) -> None:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+def _write(report: dict[str, Any], out: Path | None) -> list[Path]:
+    """Write the report to ``out`` alone, or to a timestamped file and ``last.json`` in ``RESULTS_DIR``.
+
+    An explicit ``--out`` is a run kept apart (a trial, another machine): it must not
+    replace the committed ``last.json``.
+    """
     text = json.dumps(report, indent=2, default=str)
-    target = out or RESULTS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    last = RESULTS_DIR / "last.json"
-    if target.resolve() != last.resolve():
-        last.write_text(text)
-    print(f"results: {target} (and {last})", file=sys.stderr)
+    if out is not None:
+        targets = [out]
+    else:
+        targets = [RESULTS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}.json", RESULTS_DIR / "last.json"]
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    print(f"results: {' and '.join(map(str, targets))}", file=sys.stderr)
+    return targets

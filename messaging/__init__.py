@@ -22,24 +22,27 @@ from messaging.errors import (
     MessageTooLarge,
     MessagingError,
     PublishRejected,
+    PublishTimeout,
     QueueLocked,
     QueueNotFound,
     RemoteError,
     RpcError,
     RpcTimeout,
     StreamStalled,
+    StreamStopped,
     TaskError,
     WarrenError,
 )
 
-# Links, RPC and the metadata stream
+# Links, publishing, RPC and the metadata stream
 from messaging.link import BrokerLink
+from messaging.publisher import ConfirmedPublisher
 from messaging.rpc_client import RpcClient
 from messaging.rpc_server import Reply, Request, RpcServer
 
 # Settings and names
 from messaging.settings import Settings, redact_url
-from messaging.stream import MetadataConsumer, MetadataItem, MetadataPublisher, StreamStopped
+from messaging.stream import MetadataConsumer, MetadataItem, MetadataPublisher
 from messaging.subscription import Delivery, Envelope, Subscription
 from messaging.topology import Names, QueueDecl
 
@@ -51,6 +54,7 @@ __all__ = [
     "ChannelError",
     "CodecError",
     "ConfigurationError",
+    "ConfirmedPublisher",
     "ConnectionClosed",
     "ConnectionFailed",
     "DecodeError",
@@ -64,6 +68,7 @@ __all__ = [
     "MetadataPublisher",
     "Names",
     "PublishRejected",
+    "PublishTimeout",
     "QueueDecl",
     "QueueLocked",
     "QueueNotFound",

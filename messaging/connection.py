@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from messaging.errors import (
     ConfigurationError,
     ConnectionClosed,
     ConnectionFailed,
+    MessagingError,
     PublishRejected,
     QueueLocked,
     QueueNotFound,
@@ -47,8 +49,42 @@ class _ExpectedChannelCloses(logging.Filter):
         return not ("Received remote Channel.Close (404)" in text or "Received remote Channel.Close (405)" in text)
 
 
+_thread_state = threading.local()
+
+
+class _EventsWarrenReports(logging.Filter):
+    """Keep pika's own failure reports out of the log: warren reports each connection event once.
+
+    pika logs one refused connect or lost socket up to seven times, at ERROR and with
+    tracebacks, and then raises; warren turns what it raises into one line of its own
+    (``link lost ...; reconnecting``, ``cannot reach the broker ...``, a
+    ``ConnectionFailed``). So pika's ERROR records are dropped on every thread, and its
+    warnings too on threads that report their connection's events themselves (a
+    publisher's I/O thread, which is handed pika's errors as values, not raised ones).
+    With ``messaging`` at DEBUG (``--verbose``) those records stay visible, as DEBUG,
+    tracebacks included: the detail behind a warren line when it is needed.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        threshold = logging.WARNING if getattr(_thread_state, "reports_own_events", False) else logging.ERROR
+        if record.levelno < threshold:
+            return True
+        if not logging.getLogger("messaging").isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+def report_connection_events_here() -> None:
+    """Mark the calling thread as the one that reports its connection's events (see above)."""
+    _thread_state.reports_own_events = True
+
+
 logging.getLogger("pika.adapters.blocking_connection").addFilter(_ExpectedOutcomes())
 logging.getLogger("pika.channel").addFilter(_ExpectedChannelCloses())
+# A logger's filters do not see its children's records: give every pika module logger the filter.
+for _name in [n for n in logging.root.manager.loggerDict if n == "pika" or n.startswith("pika.")]:
+    logging.getLogger(_name).addFilter(_EventsWarrenReports())
 
 #: pika errors after which retrying the same connect cannot help.
 _FATAL_CONNECT_ERRORS = (
@@ -103,10 +139,24 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
         attempts += 1
         return BlockingConnection(params)
 
+    def retrying(attempt_number: int, error: BaseException, wait_s: float) -> None:
+        # One warning per outage (the first failed attempt); the attempts after it only at DEBUG.
+        level = logging.WARNING if attempt_number == 1 else logging.DEBUG
+        logger.log(
+            level,
+            "%s: cannot reach the broker at %s (%s); retrying for up to %g s (attempt %d, next in %.1f s)",
+            role,
+            settings.redacted_url,
+            failure_reason(error),
+            budget,
+            attempt_number,
+            wait_s,
+        )
+
     try:
-        return connect_retrying(timeout_s=budget, retry_if=_retryable)(attempt)
+        return connect_retrying(timeout_s=budget, retry_if=is_retryable_connect_error, on_retry=retrying)(attempt)
     except _FATAL_CONNECT_ERRORS as exc:
-        if _retryable(exc):  # the retry budget ran out on cut handshakes
+        if is_retryable_connect_error(exc):  # the retry budget ran out on cut handshakes
             raise ConnectionFailed(
                 f"could not connect to {settings.redacted_url} within {budget:g} s: {exc!r}"
             ) from None
@@ -114,11 +164,26 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
     except (pika.exceptions.AMQPError, OSError) as exc:
         elapsed = time.monotonic() - started
         raise ConnectionFailed(
-            f"could not connect to {settings.redacted_url} after {attempts} attempts in {elapsed:.1f} s: {exc!r}"
+            f"could not connect to {settings.redacted_url} after {attempts} attempts in {elapsed:.1f} s: "
+            f"{failure_reason(exc)}"
         ) from None
 
 
-def _retryable(exc: BaseException) -> bool:
+def failure_reason(exc: BaseException) -> str:
+    """What went wrong, from the innermost error pika wraps (a refused socket is two levels down)."""
+    for _ in range(5):
+        inner = getattr(exc, "exception", None)
+        if not isinstance(inner, BaseException) and exc.args and isinstance(exc.args[0], BaseException):
+            inner = exc.args[0]
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def is_retryable_connect_error(exc: BaseException) -> bool:
+    """Whether a failed connection attempt is worth another try (an outage, not a refusal)."""
     if not isinstance(exc, (pika.exceptions.AMQPConnectionError, OSError)):
         return False
     if isinstance(exc, _FATAL_CONNECT_ERRORS):
@@ -134,25 +199,36 @@ def translated(what: str) -> Iterator[None]:
     """Translate pika's exceptions raised inside the block into warren's tree."""
     try:
         yield
-    except pika.exceptions.UnroutableError:
-        raise QueueNotFound(f"{what}: no queue to route to (it does not exist)") from None
-    except pika.exceptions.NackError:
-        raise PublishRejected(f"{what}: the broker rejected the message (queue full or resource alarm)") from None
-    except pika.exceptions.ChannelClosedByBroker as exc:
+    except (pika.exceptions.AMQPError, OSError) as exc:
+        raise translate(exc, what) from None
+
+
+def translate(exc: BaseException, what: str) -> MessagingError:
+    """The warren error for a pika (or socket) exception; ``what`` says what was being done.
+
+    For callers that receive pika's exceptions as values (the callbacks of an
+    asynchronous connection) rather than as raised errors.
+    """
+    if isinstance(exc, pika.exceptions.UnroutableError):
+        return QueueNotFound(f"{what}: no queue to route to (it does not exist)")
+    if isinstance(exc, pika.exceptions.NackError):
+        return PublishRejected(f"{what}: the broker rejected the message (queue full or resource alarm)")
+    if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
         if exc.reply_code == 404:
-            raise QueueNotFound(f"{what}: {exc.reply_text}") from None
+            return QueueNotFound(f"{what}: {exc.reply_text}")
         if exc.reply_code == 405:
-            raise QueueLocked(f"{what}: {exc.reply_text}") from None
-        raise ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})") from None
-    except (
-        pika.exceptions.AMQPConnectionError,
-        pika.exceptions.ConnectionWrongStateError,
-        pika.exceptions.ChannelWrongStateError,
-        pika.exceptions.StreamLostError,
-        pika.exceptions.ChannelClosed,
-        ConnectionError,
-        OSError,
-    ) as exc:
-        raise ConnectionClosed(f"{what}: connection lost ({exc!r})") from None
-    except pika.exceptions.AMQPChannelError as exc:
-        raise ChannelError(f"{what}: {exc!r}") from None
+            return QueueLocked(f"{what}: {exc.reply_text}")
+        return ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})")
+    if isinstance(
+        exc,
+        (
+            pika.exceptions.AMQPConnectionError,
+            pika.exceptions.ChannelWrongStateError,
+            pika.exceptions.ChannelClosed,
+            OSError,
+        ),
+    ):
+        return ConnectionClosed(f"{what}: connection lost ({exc!r})")
+    if isinstance(exc, pika.exceptions.AMQPChannelError):
+        return ChannelError(f"{what}: {exc!r}")
+    return MessagingError(f"{what}: {exc!r}")

@@ -54,8 +54,19 @@ class PublishRejected(MessagingError):
     """The broker did not accept a published message (nack: queue full, disk alarm...)."""
 
 
+class PublishTimeout(MessagingError):
+    """Published messages were not all confirmed by the broker within the time given."""
+
+
 class StreamStalled(MessagingError):
     """A metadata queue stayed full longer than the publisher's patience: nobody reads it."""
+
+
+class StreamStopped(Exception):
+    """Raised inside a publisher blocked on a full queue when its stop event is set.
+
+    Not a WarrenError: it is control flow for a shutdown the caller asked for.
+    """
 
 
 class CodecError(MessagingError):

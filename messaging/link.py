@@ -13,6 +13,7 @@ broker has already requeued them); acking one is a logged no-op.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
@@ -24,15 +25,19 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 
 from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION
 from messaging.connection import connect, translated
-from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, QueueLocked, QueueNotFound
+from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, QueueNotFound
+from messaging.queue_admin import QueueAdmin
 from messaging.settings import Settings
 from messaging.subscription import Delivery, Subscription
 from messaging.topology import Names, QueueDecl
 
 logger = logging.getLogger(__name__)
 
+#: Correlation ids of returned messages kept for :meth:`BrokerLink.was_returned`.
+_RETURNS_KEPT = 1024
 
-class BrokerLink:
+
+class BrokerLink(QueueAdmin):
     """One thread's connection to RabbitMQ, with confirmed publishing and subscriptions.
 
     Args:
@@ -49,6 +54,8 @@ class BrokerLink:
         self._reconnect_enabled = reconnect
         self._conn: BlockingConnection | None = None
         self._publish_channel: BlockingChannel | None = None
+        self._unconfirmed_channel: BlockingChannel | None = None
+        self._returned: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._declared: dict[str, QueueDecl] = {}
         self._subscriptions: list[Subscription] = []
         self._generation = 0
@@ -88,13 +95,11 @@ class BrokerLink:
             raise ConnectionClosed(f"{self.role} link is closed")
         if self._conn is not None and self._conn.is_open:
             return self._conn
-        if self._generation > 0:
-            logger.warning("%s link reconnecting", self.role)
         self._conn = connect(self.settings, self.role)
         if self._generation > 0:
             logger.warning("%s link reconnected", self.role)
         self._generation += 1
-        self._publish_channel = None
+        self._publish_channel = self._unconfirmed_channel = None
         try:
             self._declare_base()
             for decl in self._declared.values():
@@ -108,7 +113,7 @@ class BrokerLink:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        self._publish_channel = None
+        self._publish_channel = self._unconfirmed_channel = None
         if conn is not None and conn.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                 conn.close()
@@ -117,7 +122,7 @@ class BrokerLink:
         """After a connection loss: reconnect, or re-raise when reconnecting is off."""
         if not self._reconnect_enabled or self._closed:
             raise error
-        logger.warning("%s link lost (%s)", self.role, error.message)
+        logger.warning("%s link lost (%s); reconnecting", self.role, error.message)
         self._drop()
         self.reconnects += 1
         self._ensure()
@@ -155,64 +160,24 @@ class BrokerLink:
             )
             channel.close()
 
-    def declare(self, decl: QueueDecl) -> None:
-        """Declare a queue now and again after every reconnect (idempotent)."""
+    def declare(self, decl: QueueDecl, *, remember: bool = True) -> None:
+        """Declare a queue now and, with ``remember``, again after every reconnect (idempotent).
+
+        Declare once (``remember=False``) what another connection owns from then on, such as
+        the metadata queue of a task run by another thread: redeclaring it after a reconnect,
+        when its reader may have deleted it, would bring it back for nobody.
+        """
 
         def run() -> None:
             self._declare_on(self._ensure().channel(), decl)
 
         self._with_recovery(run)
-        self._declared[decl.name] = decl
+        if remember:
+            self._declared[decl.name] = decl
 
     def forget(self, queue: str) -> None:
         """Stop redeclaring ``queue`` after reconnects."""
         self._declared.pop(queue, None)
-
-    def queue_depth(self, queue: str) -> int | None:
-        """Ready messages in ``queue``, or ``None`` if it does not exist."""
-        counts = self._queue_counts(queue)
-        return None if counts is None else counts[0]
-
-    def queue_consumers(self, queue: str) -> int | None:
-        """Consumers attached to ``queue``, or ``None`` if it does not exist."""
-        counts = self._queue_counts(queue)
-        return None if counts is None else counts[1]
-
-    def _queue_counts(self, queue: str) -> tuple[int, int] | None:
-        """(ready messages, consumers) of ``queue`` by a passive declare, or ``None``."""
-
-        def run() -> tuple[int, int] | None:
-            channel = self._ensure().channel()
-            try:
-                with translated(f"inspecting queue {queue}"):
-                    frame = channel.queue_declare(queue, passive=True)
-            except QueueNotFound:
-                return None  # the broker closed that channel with the 404
-            with translated("closing a channel"):
-                channel.close()
-            return int(frame.method.message_count), int(frame.method.consumer_count)
-
-        result: tuple[int, int] | None = self._with_recovery(run)
-        return result
-
-    def queue_exists(self, queue: str) -> bool:
-        """Whether ``queue`` exists, including another connection's exclusive queue."""
-        try:
-            return self.queue_depth(queue) is not None
-        except QueueLocked:
-            return True
-
-    def delete_queue(self, queue: str) -> None:
-        """Delete a queue and its messages (no error if it is already gone)."""
-
-        def run() -> None:
-            channel = self._ensure().channel()
-            with translated(f"deleting queue {queue}"):
-                channel.queue_delete(queue)
-                channel.close()
-
-        self._with_recovery(run)
-        self.forget(queue)
 
     # -- publishing ---------------------------------------------------------------
 
@@ -227,7 +192,7 @@ class BrokerLink:
         expiration_ms: int | None = None,
         headers: dict[str, Any] | None = None,
         mandatory: bool = True,
-        message_id: str | None = None,
+        confirm: bool = True,
     ) -> None:
         """Publish to ``queue`` through the default exchange and wait for the broker's confirm.
 
@@ -235,8 +200,13 @@ class BrokerLink:
         silently dropped message. After a connection loss the message is published
         again on the new connection: delivery is at-least-once.
 
+        ``confirm=False`` skips the wait (one broker round trip) for messages whose loss
+        the caller detects anyway, such as RPC requests and replies (the caller times out).
+        A ``mandatory`` message the broker cannot route then comes back later, while the
+        link processes events: :meth:`was_returned` tells by its correlation id.
+
         Raises:
-            QueueNotFound: ``queue`` does not exist.
+            QueueNotFound: ``queue`` does not exist (confirmed publishes only).
             PublishRejected: the broker nacked the message (e.g. a full ``reject-publish`` queue).
             BrokerConnectionError: the connection could not be restored.
         """
@@ -247,20 +217,42 @@ class BrokerLink:
             reply_to=reply_to,
             expiration=str(expiration_ms) if expiration_ms is not None else None,
             headers={"schema": SCHEMA_VERSION, **(headers or {})},
-            message_id=message_id,
         )
 
         def run() -> None:
-            channel = self._confirm_channel()
+            channel = self._confirm_channel() if confirm else self._plain_channel()
             try:
                 with translated(f"publishing to {queue}"):
                     channel.basic_publish("", queue, body, properties=props, mandatory=mandatory)
             except (QueueNotFound, ChannelError):
                 # The broker may close the channel on some refusals: start a fresh one next time.
-                self._publish_channel = None
+                self._publish_channel = self._unconfirmed_channel = None
                 raise
 
         self._with_recovery(run)
+
+    def was_returned(self, correlation_id: str) -> bool:
+        """Whether an unconfirmed ``mandatory`` message with this correlation id came back unroutable."""
+        if correlation_id not in self._returned:
+            return False
+        del self._returned[correlation_id]
+        return True
+
+    def _plain_channel(self) -> BlockingChannel:
+        conn = self._ensure()
+        if self._unconfirmed_channel is None or not self._unconfirmed_channel.is_open:
+            with translated("opening a publishing channel"):
+                channel = conn.channel()
+                channel.add_on_return_callback(self._on_return)
+            self._unconfirmed_channel = channel
+        return self._unconfirmed_channel
+
+    def _on_return(self, _channel: BlockingChannel, method: Any, props: Any, _body: bytes) -> None:
+        if props.correlation_id:
+            self._returned[props.correlation_id] = None
+            while len(self._returned) > _RETURNS_KEPT:
+                self._returned.popitem(last=False)
+        logger.debug("message to %s returned: %s", method.routing_key, method.reply_text)
 
     def _confirm_channel(self) -> BlockingChannel:
         conn = self._ensure()

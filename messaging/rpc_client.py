@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -9,22 +10,29 @@ from typing import Any
 
 from messaging import replies
 from messaging.codec import decode, encode
-from messaging.errors import DecodeError, RpcTimeout
+from messaging.errors import DecodeError, MessagingError, QueueNotFound, RpcTimeout
 from messaging.link import BrokerLink
 from messaging.settings import Settings
 from messaging.subscription import Envelope, Subscription
 
 logger = logging.getLogger(__name__)
 
+#: Longest a wait for a reply goes without checking whether its request came back unroutable.
+_RETURN_CHECK_S = 0.05
+
 
 class RpcClient:
     """Calls workers through their queues; one reply queue per client, one thread per client.
 
-    Requests are published with ``mandatory`` and confirms, so a call to a queue that
-    does not exist fails at once with :class:`~messaging.errors.QueueNotFound`; they carry
-    an ``expiration`` equal to the call's timeout, so a request nobody took in time is
-    dropped by the broker instead of being run after the caller gave up. Replies that
-    match no waiting call (late or unknown) are dropped with a log line.
+    Requests are published with ``mandatory``, so a call to a queue that does not exist
+    fails at once with :class:`~messaging.errors.QueueNotFound` (the broker returns the
+    request); they carry an ``expiration`` equal to the call's timeout, so a request
+    nobody took in time is dropped by the broker instead of being run after the caller
+    gave up. A request is not confirmed before the wait for its reply starts (a lost one
+    ends in :class:`~messaging.errors.RpcTimeout` like any lost reply), unless it is sent
+    ``durable``: persistent and confirmed, so it survives a broker restart while it waits
+    in its queue. Replies that match no waiting call (late or unknown) are dropped with a
+    log line.
 
     Args:
         settings: transport settings (``rpc_timeout_s`` is the default timeout).
@@ -48,10 +56,17 @@ class RpcClient:
         return self._reply_decl.name
 
     def close(self) -> None:
-        """Stop consuming replies and close the link if the client opened it."""
+        """Stop consuming replies, delete the reply queue, close the link if the client opened it.
+
+        The reply queue goes with its client: a reply still on its way then comes back
+        unroutable to its server, which learns that nobody heard it (a collector drops a
+        task whose start reply nobody received) instead of delivering it for nobody.
+        """
         if self._replies is not None:
             self._replies.close()
             self._replies = None
+            with contextlib.suppress(MessagingError):
+                self.link.delete_queue(self.reply_queue)
         if self._owns_link:
             self.link.close()
 
@@ -73,8 +88,13 @@ class RpcClient:
         correlation_id = self.send(queue, request, timeout_s=timeout)
         return self.wait(correlation_id, timeout_s=timeout)
 
-    def send(self, queue: str, request: Any, *, timeout_s: float | None = None) -> str:
-        """Publish a request without waiting; returns its correlation id for :meth:`wait`."""
+    def send(self, queue: str, request: Any, *, timeout_s: float | None = None, durable: bool = False) -> str:
+        """Publish a request without waiting for its reply; returns its correlation id for :meth:`wait`.
+
+        Raises:
+            QueueNotFound: ``durable`` and ``queue`` does not exist (otherwise :meth:`wait`
+                or :meth:`poll` raise it).
+        """
         timeout = self.settings.rpc_timeout_s if timeout_s is None else timeout_s
         self._ensure_replies()
         correlation_id = uuid.uuid4().hex
@@ -87,6 +107,8 @@ class RpcClient:
                 correlation_id=correlation_id,
                 reply_to=self.reply_queue,
                 expiration_ms=max(1, int(timeout * 1000)),
+                persistent=durable,
+                confirm=durable,
             )
         except BaseException:
             self._waiting.discard(correlation_id)
@@ -100,10 +122,12 @@ class RpcClient:
         replies_sub = self._ensure_replies()
         try:
             while correlation_id not in self._arrived:
+                self._raise_if_returned(correlation_id)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise RpcTimeout(f"no reply within {timeout:.1f} s (correlation_id {correlation_id})")
-                delivery = replies_sub.get(remaining)
+                # In slices: a returned request (no queue) must end the wait, not only a reply.
+                delivery = replies_sub.get(min(remaining, _RETURN_CHECK_S))
                 if delivery is None:
                     continue
                 delivery.ack()
@@ -123,6 +147,7 @@ class RpcClient:
             delivery.ack()
             self._sort(delivery.envelope)
         if correlation_id not in self._arrived:
+            self._raise_if_returned(correlation_id)
             return None
         envelope = self._arrived.pop(correlation_id)
         self._waiting.discard(correlation_id)
@@ -132,6 +157,11 @@ class RpcClient:
         """Give up on a call: a reply arriving later is dropped with a log line."""
         self._waiting.discard(correlation_id)
         self._arrived.pop(correlation_id, None)
+
+    def _raise_if_returned(self, correlation_id: str) -> None:
+        if self.link.was_returned(correlation_id):
+            self._waiting.discard(correlation_id)
+            raise QueueNotFound(f"request {correlation_id} came back: no queue serves it")
 
     def _unwrap(self, envelope: Envelope) -> dict[str, Any]:
         try:

@@ -105,7 +105,7 @@ class RpcServer:
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._stopping = threading.Event()
-        self._ready = threading.Event()
+        self._started = threading.Event()
         self._io_link: BrokerLink | None = None
         self._io_thread: threading.Thread | None = None
         self._handler_threads = [
@@ -151,7 +151,9 @@ class RpcServer:
         self._io_thread.start()
         for thread in self._handler_threads:
             thread.start()
-        if wait_s is not None and not self._ready.wait(wait_s):
+        # _started is set once consuming, or once the I/O thread gave up: a connection that
+        # failed for good ends the wait at once instead of after wait_s.
+        if wait_s is not None and (not self._started.wait(wait_s) or self.error is not None):
             raise (
                 self.error
                 if isinstance(self.error, MessagingError)
@@ -190,7 +192,7 @@ class RpcServer:
         self._io_link = link
         try:
             link.open()
-            self._ready.set()
+            self._started.set()
             while not self._stopping.is_set():
                 try:
                     self._run_ops()
@@ -203,8 +205,15 @@ class RpcServer:
             self._shutdown(link)
         except BaseException as exc:  # the outermost boundary: log, record, let stop() return
             self.error = exc
-            logger.critical("%s server stopped on an error: %s", self.role, exc, exc_info=True)
+            # A broker that cannot be reached is an outage, fully told by its message (the
+            # traceback only at DEBUG); any other error here is a bug, and needs its traceback.
+            if isinstance(exc, BrokerConnectionError):
+                debug = logger.isEnabledFor(logging.DEBUG)
+                logger.critical("%s server stopped: %s", self.role, exc.message, exc_info=debug)
+            else:
+                logger.critical("%s server stopped on an error: %r", self.role, exc, exc_info=True)
         finally:
+            self._started.set()
             for _ in self._handler_threads:
                 self._jobs.put(None)
             link.close()
@@ -349,7 +358,8 @@ class RpcServer:
             self._finish(job.delivery, replies.error(problem, {"message": "bad request"}), ack=False)
             return
         reply = self._run_handler(job.handler, Request(body, envelope, link))
-        sent = self._finish(job.delivery, reply.result, ack=True)
+        confirm = reply.on_sent is not None or reply.on_failed is not None
+        sent = self._finish(job.delivery, reply.result, ack=True, confirm=confirm)
         callback = reply.on_sent if sent else reply.on_failed
         if callback is not None:
             try:
@@ -372,11 +382,14 @@ class RpcServer:
             return Reply(replies.ok(result.result), result.on_sent, result.on_failed)
         return Reply(replies.ok(result))
 
-    def _finish(self, delivery: Delivery, reply: dict[str, Any], *, ack: bool) -> bool:
+    def _finish(self, delivery: Delivery, reply: dict[str, Any], *, ack: bool, confirm: bool = False) -> bool:
         """Have the I/O thread publish ``reply`` (when there is a reply_to), then settle.
 
         Replies go out on the consuming connection, which keeps its heartbeats however long
-        the handler ran. Returns whether the broker confirmed the reply.
+        the handler ran. A reply is confirmed by the broker before the request is acked only
+        when ``confirm`` (a handler that must know whether its reply arrived); otherwise a
+        lost reply is the caller's timeout, like a lost request. Returns whether the reply
+        was published (and, with ``confirm``, confirmed).
         """
         envelope = delivery.envelope
         try:
@@ -390,7 +403,7 @@ class RpcServer:
         def on_io_thread() -> None:
             try:
                 if envelope.reply_to:
-                    outcome[0] = self._publish_reply(envelope, body)
+                    outcome[0] = self._publish_reply(envelope, body, confirm=confirm)
                 if ack:
                     delivery.ack()
                 else:
@@ -403,10 +416,10 @@ class RpcServer:
             logger.warning("reply to %s not settled in time", envelope.reply_to)
         return outcome[0]
 
-    def _publish_reply(self, envelope: Envelope, body: bytes) -> bool:
+    def _publish_reply(self, envelope: Envelope, body: bytes, *, confirm: bool) -> bool:
         assert envelope.reply_to is not None and self._io_link is not None
         try:
-            self._io_link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id)
+            self._io_link.publish(envelope.reply_to, body, correlation_id=envelope.correlation_id, confirm=confirm)
         except QueueNotFound:
             logger.warning("reply queue %s is gone; the caller will not get its reply", envelope.reply_to)
             return False

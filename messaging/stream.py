@@ -3,10 +3,12 @@
 This replaces DI-engine's in-memory ``Queue(8)``. The publisher sends persistent messages
 with publisher confirms to a durable per-task queue, so what was confirmed survives a
 crash of the collector or a broker restart. The queue holds at most
-``metadata_queue_length`` ready messages and *rejects* further publishes: the publisher
-then waits and retries, which holds the collector back when nobody reads, as the seed's
-bounded queue did. A consumer gets messages in publish order and acks each one after it
-has handled it; an unacked message is redelivered if the consumer dies.
+``metadata_queue_length`` ready messages and *rejects* further publishes: the
+:class:`~messaging.publisher.ConfirmedPublisher` then sends them again after a backoff,
+and once its window of unconfirmed messages is full the collector is held back, as the
+seed's bounded queue did. A consumer gets messages in publish order (see the publisher's
+note on order across nacks) and acks each one after it has handled it; an unacked message
+is redelivered if the consumer dies.
 """
 
 from __future__ import annotations
@@ -18,83 +20,68 @@ from dataclasses import dataclass
 from typing import Any
 
 from messaging.codec import decode, encode
-from messaging.errors import DecodeError, PublishRejected, StreamStalled
+from messaging.errors import DecodeError, StreamStopped
 from messaging.link import BrokerLink
+from messaging.publisher import ConfirmedPublisher
 from messaging.subscription import Delivery, Subscription
 from messaging.topology import QueueDecl
 
+__all__ = ["MetadataConsumer", "MetadataItem", "MetadataPublisher", "StreamStopped"]
+
 logger = logging.getLogger(__name__)
-
-#: Back-off while a full metadata queue refuses publishes: first and largest wait.
-_FULL_WAIT_FIRST_S = 0.02
-_FULL_WAIT_MAX_S = 0.5
-
-
-class StreamStopped(Exception):
-    """Raised inside a publisher blocked on a full queue when its stop event is set.
-
-    Not a WarrenError: it is control flow for a shutdown the caller asked for.
-    """
 
 
 class MetadataPublisher:
     """Publishes one task's metadata, confirmed and in order, with back-pressure.
 
+    :meth:`publish` encodes and queues without waiting for the broker; it blocks only
+    while the publisher's window is full (the queue is full and nobody reads it). A queue
+    that stays full fails the publisher with :class:`~messaging.errors.StreamStalled`
+    after its ``stall_timeout_s``.
+
     Args:
-        link: the publishing thread's broker link.
-        decl: the task's metadata queue (see :meth:`messaging.topology.Names.metadata_decl`).
+        publisher: the publishing thread's (open) confirmed publisher.
+        decl: the task's metadata queue (see :meth:`messaging.topology.Names.metadata_decl`);
+            declared now through the publisher, and again after its reconnects.
         stop: set it to make a publisher blocked on a full queue give up with :class:`StreamStopped`.
     """
 
-    def __init__(
-        self,
-        link: BrokerLink,
-        decl: QueueDecl,
-        *,
-        stop: threading.Event | None = None,
-        stall_timeout_s: float | None = None,
-    ) -> None:
-        self.link = link
+    def __init__(self, publisher: ConfirmedPublisher, decl: QueueDecl, *, stop: threading.Event | None = None) -> None:
+        self.publisher = publisher
         self.decl = decl
         self.stop = stop or threading.Event()
-        self.stall_timeout_s = stall_timeout_s
         self.published = 0
-        self.full_waits = 0
-        link.declare(decl)
+        publisher.declare(decl)
 
     @property
     def queue(self) -> str:
         return self.decl.name
 
     def publish(self, message: dict[str, Any], *, headers: dict[str, Any] | None = None) -> None:
-        """Publish ``message``; block while the queue is full (until read from, or stopped).
+        """Queue ``message``; block only while the publisher's window is full (until room, or stopped).
 
         Raises:
             StreamStopped: the stop event was set while waiting for room.
-            StreamStalled: the queue stayed full for ``stall_timeout_s`` (nobody reads it).
+            StreamStalled: the queue stayed full for the publisher's ``stall_timeout_s``.
             QueueNotFound: the queue was deleted (its reader gave the task up).
             MessagingError: encoding or the broker failed.
         """
-        body = encode(message, max_bytes=self.link.settings.max_message_bytes)
-        wait_s = _FULL_WAIT_FIRST_S
-        full_since: float | None = None
-        while True:
-            try:
-                self.link.publish(self.queue, body, persistent=True, headers=headers)
-                self.published += 1
-                return
-            except PublishRejected:
-                self.full_waits += 1
-            # Full queue: wait for a reader. The link keeps its heartbeats while we wait.
-            if self.stop.is_set():
-                raise StreamStopped(f"stopped while {self.queue} was full")
-            full_since = time.monotonic() if full_since is None else full_since
-            if self.stall_timeout_s is not None and time.monotonic() - full_since > self.stall_timeout_s:
-                raise StreamStalled(f"{self.queue} stayed full for {self.stall_timeout_s:g} s: nobody reads it")
-            deadline = time.monotonic() + wait_s
-            while (remaining := deadline - time.monotonic()) > 0 and not self.stop.is_set():
-                self.link.process_events(min(remaining, 0.1))
-            wait_s = min(wait_s * 2, _FULL_WAIT_MAX_S)
+        body = encode(message, max_bytes=self.publisher.settings.max_message_bytes)
+        self.publisher.publish(self.queue, body, headers=headers, stop=self.stop)
+        self.published += 1
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until everything published so far is confirmed (stored in the queue).
+
+        Publish a stream's final message after a flush: a message accepted while an
+        earlier one was refused by the full queue can overtake it.
+
+        Raises:
+            PublishTimeout: not everything was confirmed within ``timeout_s``.
+            StreamStopped: the stop event was set first.
+            MessagingError: the publisher failed (see :meth:`publish`).
+        """
+        self.publisher.flush(timeout_s, stop=self.stop)
 
 
 @dataclass(frozen=True)

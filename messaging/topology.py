@@ -72,12 +72,15 @@ class Names:
         return QueueDecl(self.collector_tasks, arguments=self.dead_letter_args())
 
     def collector_control_decl(self, worker_id: str) -> QueueDecl:
-        # Exclusive: the queue dies with the worker's connection, so a task sent to a dead
-        # worker fails at once (mandatory publish) instead of waiting for a timeout.
+        # Auto-delete: the queue dies with its one consumer, the worker's connection, so a task
+        # sent to a dead worker fails at once (mandatory publish) instead of waiting for a
+        # timeout. Not exclusive: the coordinator checks that it exists by a passive declare,
+        # which the broker would refuse (and log as an error) for another connection's
+        # exclusive queue, every few seconds per running task.
         return QueueDecl(
             self.collector_control(worker_id),
             durable=False,
-            exclusive=True,
+            exclusive=False,
             auto_delete=True,
             arguments=self.dead_letter_args(),
         )

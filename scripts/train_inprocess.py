@@ -27,8 +27,9 @@ import numpy as np
 
 from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.config import LearnerSpec
-from worker.rl.dqn import DQNLearner, ReplayBuffer
-from worker.rl.envs import EnvBatch
+from worker.rl.dqn import ReplayBuffer
+from worker.rl.envs import VecEnvBatch
+from worker.rl.fast_dqn import NumpyDQNLearner
 from worker.rl.policy import limit_torch_threads
 from worker.rl.rollout import Rollout
 from worker.storage import PolicySnapshot
@@ -42,7 +43,7 @@ class ReplaySink:
     def __init__(self, buffer: ReplayBuffer) -> None:
         self.buffer = buffer
 
-    def add_samples(self, env_id: int, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
+    def add_chunk(self, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
         self.buffer.add(samples)
 
     def add_info(self, info: dict[str, Any]) -> None:
@@ -56,7 +57,7 @@ class LearnerSource:
     where collectors re-read the policy file every ``update_policy_second``.
     """
 
-    def __init__(self, learner: DQNLearner) -> None:
+    def __init__(self, learner: NumpyDQNLearner) -> None:
         self.learner = learner
         self.snapshot = PolicySnapshot(learner.policy_state(), learner.iter)
 
@@ -82,10 +83,10 @@ def evaluate(source: LearnerSource, hidden: tuple[int, ...], seed: int) -> float
 
 def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    learner = DQNLearner(spec, obs_dim=4, n_actions=2, seed=seed)
+    learner = NumpyDQNLearner(spec, obs_dim=4, n_actions=2, seed=seed)
     buffer = ReplayBuffer(spec.replay_capacity, 4, n_actions=2)
     sink, source = ReplaySink(buffer), LearnerSource(learner)
-    envs = EnvBatch(ENV_ID, args.env_num, seed=seed * 1000) if args.persistent_envs else None
+    envs = VecEnvBatch(ENV_ID, args.env_num, seed=seed * 1000) if args.persistent_envs else None
     start, credit, next_eval, task = time.perf_counter(), 0.0, args.eval_every, 0
     history: list[tuple[int, float]] = []
     while buffer.total_added < args.max_steps:
@@ -105,7 +106,7 @@ def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, A
         if len(buffer) >= spec.learning_starts:
             credit += (buffer.total_added - before) * spec.train_steps_per_sample
             while credit >= 1.0:
-                learner.train_step(buffer.sample(spec.batch_size, rng))
+                learner.train_step(buffer.sample_arrays(spec.batch_size, rng))
                 credit -= 1.0
                 if learner.iter % args.publish_every == 0:
                     source.publish()
@@ -135,13 +136,13 @@ def train(seed: int, spec: LearnerSpec, args: argparse.Namespace) -> dict[str, A
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--env-num", type=int, default=8)
-    parser.add_argument("--n-sample", type=int, default=64)
-    parser.add_argument("--traj-len", type=int, default=32)
-    parser.add_argument("--eval-every", type=int, default=1000)
+    parser.add_argument("--env-num", type=int, default=64)
+    parser.add_argument("--n-sample", type=int, default=4096)
+    parser.add_argument("--traj-len", type=int, default=64)
+    parser.add_argument("--eval-every", type=int, default=4096)
     parser.add_argument("--target", type=float, default=195.0)
     parser.add_argument("--max-steps", type=int, default=100_000)
-    parser.add_argument("--publish-every", type=int, default=1, help="train steps between policy publications")
+    parser.add_argument("--publish-every", type=int, default=32, help="train steps between policy publications")
     parser.add_argument("--fresh-envs", dest="persistent_envs", action="store_false")
     parser.add_argument("--set", action="append", default=[], help="LearnerSpec override, key=value (JSON value)")
     parser.add_argument("-v", "--verbose", action="store_true")

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from messaging import Delivery, Envelope, MetadataItem, QueueDecl, QueueNotFound, RemoteError, encode
+from messaging import Delivery, Envelope, MessagingError, MetadataItem, QueueDecl, QueueNotFound, RemoteError, encode
 from worker.protocol import StartReply, StartTask, TaskName
 
 
@@ -54,6 +54,11 @@ class FakeBus:
     decoded: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     alive: set[str] = field(default_factory=set)
     forwarded: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """Confirmed copies sent to the learner's queue."""
+    unconfirmed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    confirm_failure: MessagingError | None = None
+    learner_backlog: int = 0
+    """Data items waiting in the learner's queue."""
     settled: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """(queue, "ack" | "requeue" | "dead-letter", message) in settlement order."""
     deleted: list[str] = field(default_factory=list)
@@ -66,7 +71,7 @@ class FakeBus:
     def open(self, *decls: QueueDecl) -> None:
         self.declared += [d.name for d in decls]
 
-    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
         if queue.count(".control.") and queue not in self.alive:
             raise QueueNotFound(f"no queue {queue}")
         correlation_id = f"c{next(self._ids)}"
@@ -88,7 +93,13 @@ class FakeBus:
         return FakeStream(self, queue)
 
     def forward(self, queue: str, body: bytes) -> None:
-        self.forwarded.append((queue, self.decoded[body]))
+        self.unconfirmed.append((queue, self.decoded[body]))
+
+    def confirm_forwarded(self, timeout_s: float) -> None:
+        if self.confirm_failure is not None:
+            raise self.confirm_failure
+        self.forwarded += self.unconfirmed
+        self.unconfirmed.clear()
 
     def consumers(self, queue: str) -> int:
         return self.idle_workers
@@ -97,6 +108,8 @@ class FakeBus:
         return queue in self.alive or queue in self.queues
 
     def depth(self, queue: str) -> int:
+        if queue.endswith(".learner.main"):
+            return self.learner_backlog
         return len(self.queues.get(queue, ()))
 
     def delete(self, queue: str) -> None:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from messaging.codec import decode, encode
 from messaging.errors import DecodeError
-from worker.protocol import ID_PATTERN, Refusal, TaskName
+from worker.protocol import ID_PATTERN, MAX_ENV_NUM, Refusal, TaskName
 
 TASK_NAMES = tuple(name.value for name in TaskName)
 ID_RE = ID_PATTERN
@@ -289,7 +289,7 @@ _MUTATIONS: list[tuple[str, _Mutate, st.SearchStrategy[Any], frozenset[str], str
     ("env", _set(*_CFG, "env"), NON_MAP, _CFG_ERR, "env", False),
     ("env", _drop(*_CFG, "env"), st.none(), _CFG_ERR, "env", False),
     ("env.id", _set(*_CFG, "env", "id"), st.one_of(NON_STR, st.just(""), huge_text()), _CFG_ERR, "env.id", False),
-    ("env.env_num", _set(*_CFG, "env", "env_num"), bad_int(1, 64), _CFG_ERR, "env_num", False),
+    ("env.env_num", _set(*_CFG, "env", "env_num"), bad_int(1, MAX_ENV_NUM), _CFG_ERR, "env_num", False),
     (
         "env.seed",
         _set(*_CFG, "env", "seed"),
@@ -618,7 +618,7 @@ def bodies(limit: int) -> st.SearchStrategy[Body]:
 
 
 #: ``schema`` header values other than 1.
-BAD_SCHEMAS: tuple[int | str, ...] = (0, 2, 99, -1, "1", "x")
+BAD_SCHEMAS: tuple[int | str, ...] = (0, 1, 3, 99, -1, "2", "x")
 #: content types other than warren's; None is "no content_type property at all".
 OTHER_CONTENT_TYPES = (
     "application/json",
@@ -670,7 +670,8 @@ _META_KEYS = (
     "data_id",
     "policy_iter",
     "unroll_len",
-    "env_id",
+    "env_num",
+    "sample_count",
     "cur_step",
     "cur_episode",
     "cur_sample",

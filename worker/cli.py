@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 import threading
 from collections.abc import Sequence
 
-from worker.lifecycle import install_stop_handlers
+from worker.lifecycle import install_stop_handlers, single_threaded_math
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("warren")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="warren",
         description="RabbitMQ-driven workers for distributed RL data collection.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for role in (collector_cli, coordinator_cli, learner_cli, launcher, plot):
         role.add_parser(commands)
@@ -28,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # that arrives while a process is still starting must stop it cleanly too.
     stop = threading.Event()
     install_stop_handlers(stop)
+    single_threaded_math()
     from messaging import ConfigurationError
 
     parser = build_parser()

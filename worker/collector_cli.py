@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import CollectorConfig, role_config
-from worker.flags import add_transport_flags, flag_values
+from worker.flags import add_transport_flags, flag_values, log_level
 from worker.logs import setup_logging
 
 
@@ -52,7 +52,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = role_config(CollectorConfig, **flag_values(args, CollectorConfig))
-    setup_logging(f"collector {config.worker_id}", args.log_level)
+    setup_logging(f"collector {config.worker_id}", log_level(args))
     stop: threading.Event = args.stop
     from worker.collector.service import run_collector  # torch and gymnasium load only when serving
 

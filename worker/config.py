@@ -94,7 +94,8 @@ class LearnerConfig:
     path_policy: Path = Path("./policy")
     """Shared volume directory for the policy files the learner writes."""
     torch_threads: int = 1
-    """torch intra-op threads of the learner."""
+    """torch intra-op threads of the learner. Its train step runs in numpy, whose BLAS pool
+    is sized by ``OPENBLAS_NUM_THREADS`` (1 unless set, see :mod:`worker.lifecycle`)."""
 
     def __post_init__(self) -> None:
         _positive(self, "torch_threads")

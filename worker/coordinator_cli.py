@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, non_negative_int
 from worker.logs import setup_logging
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
@@ -20,14 +24,15 @@ def add_parser(commands: Any) -> None:
         description=(
             "Keep collect tasks running on every collector worker that listens on the task queue, "
             "evaluate every eval_interval_s, forward data metadata to the learner, and stop at the "
-            "stop value or a budget. Exit code 0 when the stop value was reached, 3 otherwise."
+            "stop value or a budget. Exit code 0 when the stop value was reached, 3 when a budget "
+            "ran out, 1 when the run cannot go on (broker unreachable, tasks refused by every worker)."
         ),
     )
     add_transport_flags(parser)
     add_job_flags(parser)
     parser.add_argument(
         "--collect-tasks",
-        type=int,
+        type=non_negative_int,
         help="collect tasks at once (coordinator.collect_tasks); 0, the default: one per collector worker",
     )
     parser.add_argument("--run-log", type=Path, help="JSON-lines log of tasks and evals (for warren plot)")
@@ -45,12 +50,20 @@ def run(args: argparse.Namespace) -> int:
 
     job = job_config(args, **{"coordinator.collect_tasks": args.collect_tasks})
     config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
-    setup_logging("coordinator", args.log_level)
+    setup_logging("coordinator", log_level(args))
+    for warning in job.warnings():
+        logger.warning("%s", warning)
     stop: threading.Event = args.stop
+    coordinator = Coordinator(config, stop)
     try:
-        summary = Coordinator(config, stop).run()
+        summary = coordinator.run()
     except WarrenError as exc:
         print(f"warren coordinator: {exc.message}")
         return 1
+    finally:
+        coordinator.progress.close()  # the terminal back to normal, however the run ended
     print(json.dumps(summary))
+    if summary["error"]:
+        print(f"warren coordinator: {summary['error']}", file=sys.stderr)
+        return 1
     return 0 if summary["success"] else 3

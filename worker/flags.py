@@ -1,12 +1,15 @@
 """Command-line flags shared by the roles: the broker's and the job's.
 
 Each broker flag overrides the ``WARREN_*`` environment variable of the same name; the
-job flags override the TOML job config.
+job flags override the TOML job config. Counts and budgets are checked here, so a bad
+value stops at argument parsing with argparse's usage message, before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,44 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="ready metadata per task before the collector is held (WARREN_METADATA_QUEUE_LENGTH; default 8)",
     )
-    group.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING... (default INFO)")
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="(default INFO)",
+    )
+    output.add_argument(
+        "-v", "--verbose", action="store_true", help="log at DEBUG, with pika's own messages and tracebacks"
+    )
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """The level the role logs at: DEBUG with ``--verbose``, else ``--log-level``."""
+    return "DEBUG" if args.verbose else str(args.log_level)
+
+
+def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert``, then refuse values that are not ``ok`` (argparse names the flag)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    return parse
+
+
+positive_int = _checked(int, lambda v: v >= 1, "at least 1")
+non_negative_int = _checked(int, lambda v: v >= 0, "0 or more")
+positive_float = _checked(float, lambda v: v > 0, "more than 0")
+#: No return compares >= nan, so a nan stop value could never end a run; inf says so on purpose.
+stop_value = _checked(float, lambda v: not math.isnan(v), "a number (inf: run until a budget ends it)")
 
 
 def flag_values(args: argparse.Namespace, config_type: type) -> dict[str, Any]:
@@ -56,24 +96,41 @@ def flag_values(args: argparse.Namespace, config_type: type) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if hasattr(args, name)}
 
 
-def add_job_flags(parser: argparse.ArgumentParser) -> None:
+def add_job_flags(parser: argparse.ArgumentParser, *, run_end: bool = True) -> None:
+    """The job flags: what to train, and (``run_end``) when the run ends.
+
+    Only the coordinator decides when a run ends, so only it and ``warren run`` take the
+    stop value and the budgets; the learner reads the same job for its env and seed.
+    """
     group = parser.add_argument_group("job (defaults: the shipped CartPole-v1 DQN job)")
-    group.add_argument("--config", type=Path, help="TOML job config ([env], [collector], [coordinator], [learner]...)")
+    group.add_argument(
+        "--config", type=Path, help="job config: TOML ([env], [collector], [learner]...) or a run's job.json"
+    )
     group.add_argument("--env-id", help="gymnasium env id (env.id)")
-    group.add_argument("--stop-value", type=float, help="eval return that ends the run (env.stop_value; 195)")
-    group.add_argument("--max-env-steps", type=int, help="env step budget (coordinator.max_env_steps)")
-    group.add_argument("--max-time-s", type=float, help="wall time budget (coordinator.max_time_s)")
     group.add_argument("--seed", type=int, help="seed of envs and networks (env.seed)")
+    if run_end:
+        group.add_argument(
+            "--stop-value",
+            type=stop_value,
+            help="eval return that ends the run (env.stop_value; default: 195 for CartPole-v1, else the "
+            "env's reward_threshold; inf: run until a budget ends it)",
+        )
+        group.add_argument(
+            "--max-env-steps", type=positive_int, help="env step budget (coordinator.max_env_steps; 400000)"
+        )
+        group.add_argument(
+            "--max-time-s", type=positive_float, help="wall time budget in seconds (coordinator.max_time_s; 1800)"
+        )
 
 
 def job_config(args: argparse.Namespace, **extra: object) -> JobConfig:
-    """The job config from ``--config`` and the override flags."""
-    overrides: dict[str, object] = {
-        "env.id": args.env_id,
-        "env.stop_value": args.stop_value,
-        "env.seed": args.seed,
-        "coordinator.max_env_steps": args.max_env_steps,
-        "coordinator.max_time_s": args.max_time_s,
-        **extra,
+    """The job config from ``--config`` and the override flags the role has."""
+    flags = {
+        "env.id": "env_id",
+        "env.seed": "seed",
+        "env.stop_value": "stop_value",
+        "coordinator.max_env_steps": "max_env_steps",
+        "coordinator.max_time_s": "max_time_s",
     }
-    return JobConfig.load(args.config, **overrides)
+    overrides: dict[str, object] = {key: getattr(args, name, None) for key, name in flags.items()}
+    return JobConfig.load(args.config, **overrides, **extra)

@@ -15,12 +15,17 @@ defaults are the shipped CartPole-v1 DQN job. A file looks like::
     lr = 0.001
 
 Unknown sections or keys are errors, so a typo never silently falls back to a default.
+
+The stop value, when neither the file nor a flag gives one, is the env's: 195 for
+CartPole-v1 (DI-engine's value, kept so runs compare with DI-engine's), otherwise the
+``reward_threshold`` of the env's gymnasium spec (Acrobot-v1: -100).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,28 +36,80 @@ from worker.errors import TaskError
 from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.config import LearnerSpec
 
+#: Stop values that differ from the env's gymnasium ``reward_threshold`` (see :func:`default_stop_value`).
+#: CartPole-v1: DI-engine's 195 (its cartpole DQN config; gymnasium's threshold is 475), so a
+#: run here compares with a DI-engine run of the same job.
+STOP_VALUES = {"CartPole-v1": 195.0}
+
+#: The returns an episode can have, for the classic-control envs a DQN drives: reward per
+#: step times the time limit (gymnasium specs carry no reward range). A stop value outside
+#: them is warned about (:meth:`JobConfig.warnings`).
+RETURN_RANGES = {
+    "CartPole-v0": (0.0, 200.0),  # +1 per step, 200 steps
+    "CartPole-v1": (0.0, 500.0),  # +1 per step, 500 steps
+    "Acrobot-v1": (-500.0, 0.0),  # -1 per step until the goal, 500 steps
+    "MountainCar-v0": (-200.0, 0.0),  # -1 per step, 200 steps
+}
+
+
+def default_stop_value(env_id: str) -> float:
+    """The stop value of ``env_id`` when the job gives none: :data:`STOP_VALUES`, else its ``reward_threshold``.
+
+    Raises:
+        ConfigurationError: no collector would run the env, or its spec has no
+            ``reward_threshold`` (then the job must give a stop value).
+    """
+    if env_id in STOP_VALUES:
+        return STOP_VALUES[env_id]
+    spec = _usable_env_spec(env_id)
+    if spec.reward_threshold is None:
+        raise ConfigurationError(
+            f"env {env_id!r} has no reward_threshold in its gymnasium spec: give a stop value "
+            "(--stop-value, or stop_value in [env]; inf runs until a budget ends the run)"
+        )
+    return float(spec.reward_threshold)
+
+
+def _usable_env_spec(env_id: str) -> Any:
+    """The gymnasium spec of ``env_id``, once checked the way a collector checks a task's env.
+
+    Raises:
+        ConfigurationError: every collector would refuse the env (not registered, or not
+            flat ``Box`` observations and ``Discrete`` actions).
+    """
+    import gymnasium as gym  # here, not at import: only the roles that read a job need it
+
+    from worker.rl.envs import make_env
+
+    try:
+        make_env(env_id).close()
+    except TaskError as exc:
+        raise ConfigurationError(f"the job's tasks would be refused: {exc.message}") from None
+    return gym.spec(env_id)
+
 
 @dataclass(frozen=True)
 class EnvSection:
     id: str = "CartPole-v1"
     """gymnasium id (flat Box observations, Discrete actions)."""
-    collector_env_num: int = 4
-    """Envs per collect task, stepped as one batch."""
+    collector_env_num: int = 64
+    """Envs per collect task, stepped as one vector env (one policy forward pass per step)."""
     evaluator_env_num: int = 5
     """Envs per eval task."""
     eval_episodes: int = 1
     """Episodes per eval env; the eval return is the mean over all of them."""
     stop_value: float = 195.0
-    """The run succeeds once an eval's mean return reaches this."""
+    """The run succeeds once an eval's mean return reaches this (``inf``: never; a budget ends it).
+    Left out of a config file: the env's (:func:`default_stop_value`)."""
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class CollectorSection:
-    n_sample: int = 256
+    n_sample: int = 2048
     """Train samples per collect task (a task is a unit of work a worker takes)."""
     traj_len: int = 32
-    """Transitions per step data file (fewer at episode ends)."""
+    """Steps per chunk (``T``): a step data file holds ``traj_len x collector_env_num`` transitions."""
     update_policy_second: float = 1.0
     """How often collectors re-read the policy file."""
 
@@ -62,7 +119,7 @@ class CoordinatorSection:
     collect_tasks: int = 0
     """Collect tasks kept running at once; 0 (auto): one per collector worker listening, so
     adding workers (``--scale collector=N``) needs no other change."""
-    eval_interval_s: float = 5.0
+    eval_interval_s: float = 2.0
     """Seconds between eval tasks."""
     max_env_steps: int = 400_000
     """Stop the run (unsuccessfully) after this many collected env steps."""
@@ -72,10 +129,23 @@ class CoordinatorSection:
     """A start task no worker took within this long is sent again."""
     task_silence_s: float = 60.0
     """A running task that sends nothing for this long is checked on, then re-run elsewhere."""
+    max_run_ahead_samples: int = 4096
+    """Rate limit: a collect task starts only while the samples collected but not yet taken
+    in by the learner (its unread queue, plus what running collect tasks will still
+    deliver) stay within this. Collection then runs at the learner's pace, never more than
+    this many samples ahead of training, so the replay ratio holds over the whole run."""
     buffer_id: str = "main"
     """Replay buffer id: names the learner's data queue."""
     policy_name: str = "policy_main"
     """Policy file name under the policy directory."""
+
+    def __post_init__(self) -> None:
+        if self.collect_tasks < 0:
+            raise ValueError(f"collect_tasks must be 0 (one per worker) or more, got {self.collect_tasks}")
+        if self.max_env_steps < 1 or self.max_time_s <= 0:
+            raise ValueError(
+                f"budgets must be positive, got max_env_steps {self.max_env_steps}, max_time_s {self.max_time_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -107,6 +177,14 @@ class JobConfig:
             self.eval_spec()
         except TaskError as exc:
             raise ConfigurationError(f"the job's tasks would be refused: {exc.message}") from None
+        _usable_env_spec(self.env.id)
+        if math.isnan(self.env.stop_value):
+            raise ConfigurationError("env.stop_value is nan: no return reaches it (inf: run until a budget ends it)")
+        if self.coordinator.max_run_ahead_samples < self.collector.n_sample:
+            raise ConfigurationError(
+                f"coordinator.max_run_ahead_samples ({self.coordinator.max_run_ahead_samples}) must be at least"
+                f" collector.n_sample ({self.collector.n_sample}): no collect task could ever start"
+            )
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> JobConfig:
@@ -138,6 +216,14 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, dict[str, Any]]) -> JobConfig:
+        """The job from ``{section: {key: value}}``; a missing ``env.stop_value`` is the env's.
+
+        Raises:
+            ConfigurationError: unknown section or key, wrong type or range, unknown env.
+        """
+        env = data.get("env", {})
+        if isinstance(env, dict) and "stop_value" not in env and isinstance(env.get("id", EnvSection.id), str):
+            data = {**data, "env": {**env, "stop_value": default_stop_value(env.get("id", EnvSection.id))}}
         sections: dict[str, Any] = {}
         types: dict[str, Any] = {
             "env": EnvSection,
@@ -162,6 +248,24 @@ class JobConfig:
             except (TaskError, TypeError, ValueError) as exc:
                 raise ConfigurationError(f"[{name}]: {getattr(exc, 'message', exc)}") from None
         return cls(**sections)
+
+    def warnings(self) -> list[str]:
+        """What in this job is legal but most likely a mistake (for the roles to log at start)."""
+        low, high = RETURN_RANGES.get(self.env.id, (-math.inf, math.inf))
+        stop = self.env.stop_value
+        if stop == math.inf:
+            return []
+        if stop > high:
+            return [
+                f"stop value {stop:g} is above the highest return {self.env.id} can give ({high:g}): only a budget "
+                f"can end this run (give --stop-value inf if that is the plan)"
+            ]
+        if stop <= low:
+            return [
+                f"stop value {stop:g} is at or below the lowest return {self.env.id} can give ({low:g}): "
+                "the first eval ends the run"
+            ]
+        return []
 
     def to_json(self) -> str:
         """The job as ``job.json``: :meth:`load` reads it back to an equal config."""

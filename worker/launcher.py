@@ -21,18 +21,21 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from messaging import Settings, WarrenError
+from messaging import BrokerLink, Names, Settings, WarrenError
 from messaging.settings import to_env
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
 #: How long children get to stop after SIGTERM before they are killed.
 CHILD_GRACE_S = 30.0
+#: Connect budget of the checks before and after the run: a broker is there or it is not.
+PREFLIGHT_CONNECT_S = 5.0
 
 
 def add_parser(commands: Any) -> None:
@@ -42,12 +45,14 @@ def add_parser(commands: Any) -> None:
         description=(
             "Start a learner and --collectors collector processes against WARREN_AMQP_URL, with a "
             "fresh shared directory, and run the coordinator here until the stop value (CartPole-v1 "
-            "to 195 by default). Ctrl-C stops everything. Exit code 0 when the stop value was reached."
+            "to 195 by default). Ctrl-C stops everything. Exit code 0 when the stop value was reached, "
+            "3 when a budget ran out, 1 when the run could not go on (no broker, an env the job "
+            "cannot use, the learner or every collector gone), 2 for a bad command line or config."
         ),
     )
     add_transport_flags(parser)
     add_job_flags(parser)
-    parser.add_argument("--collectors", type=int, default=2, help="collector processes (default 2)")
+    parser.add_argument("--collectors", type=positive_int, default=2, help="collector processes (default 2)")
     parser.add_argument("--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<id>)")
     parser.add_argument(
         "--progress",
@@ -72,6 +77,7 @@ class Children:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._files: list[IO[bytes]] = []
+        self._stopping = False
 
     def start(self, name: str, args: list[str]) -> None:
         log = (self.logs / f"{name}.log").open("wb")
@@ -87,8 +93,19 @@ class Children:
             start_new_session=True,
         )
 
+    def watch(self, on_exit: Callable[[str, int], None]) -> None:
+        """Call ``on_exit(name, code)`` from a watcher thread when a child exits before :meth:`stop`."""
+        for name, proc in self.procs.items():
+            threading.Thread(target=self._wait, args=(name, proc, on_exit), name=f"watch-{name}", daemon=True).start()
+
+    def _wait(self, name: str, proc: subprocess.Popen[bytes], on_exit: Callable[[str, int], None]) -> None:
+        code = proc.wait()  # blocks in the kernel; returns when the child is gone
+        if not self._stopping:
+            on_exit(name, code)
+
     def stop(self) -> dict[str, int | None]:
         """SIGTERM everyone, wait for the grace period, SIGKILL whoever is left."""
+        self._stopping = True
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -119,9 +136,16 @@ def run(args: argparse.Namespace) -> int:
     # The run's own prefix: its queues cannot meet those of any other deployment or run.
     transport = config.transport.replace(prefix=f"{config.transport.prefix}-{run_id}")
     config = dataclasses.replace(config, transport=transport)
+    setup_logging("run", log_level(args))
+    problem = preflight(config)
+    if problem is not None:
+        logger.critical("%s", problem)
+        print(f"warren run: {problem}", file=sys.stderr)
+        return 1
     for sub in ("data", "policy", "logs"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
-    setup_logging("run", args.log_level)
+    for warning in job.warnings():
+        logger.warning("%s", warning)
     job_file = workdir / "job.json"
     job_file.write_text(job.to_json())
     stop: threading.Event = args.stop
@@ -129,23 +153,105 @@ def run(args: argparse.Namespace) -> int:
     logger.info(
         "run %s: %d collectors, workdir %s, queue prefix %s", run_id, args.collectors, workdir, transport.prefix
     )
-    children.start("learner", ["learner", "--config", str(job_file)])
+    level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
+    children.start("learner", ["learner", "--config", str(job_file), *level])
     for i in range(args.collectors):
-        children.start(f"collector-{i}", ["collector", "--worker-id", f"collector-{i}"])
+        children.start(f"collector-{i}", ["collector", "--worker-id", collector_id(i), *level])
+    coordinator = Coordinator(config, stop)
+    children.watch(_ChildDeaths(coordinator, args.collectors).on_exit)
     try:
-        summary = Coordinator(config, stop).run()
+        summary = coordinator.run()
     except WarrenError as exc:
         logger.critical("run failed: %s", exc.message)
-        children.stop()
         return 1
     finally:
+        coordinator.progress.close()  # the terminal back to normal, however the run ended
         codes = children.stop()
+        remove_run_topology(transport, job.coordinator.buffer_id)
+        removed = _remove_step_files(workdir / "data")
+        if removed:
+            logger.info("removed %d step files nobody will read", removed)
     summary["children_exit_codes"] = codes
     summary["children_pids"] = {name: proc.pid for name, proc in children.procs.items()}
     summary["workdir"] = str(workdir)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
+    if summary["error"]:
+        print(f"warren run: {summary['error']}", file=sys.stderr)
+        return 1
     return 0 if summary["success"] else 3
+
+
+class _ChildDeaths:
+    """Ends the run when a child's exit leaves it unable to go on: the learner, or every collector."""
+
+    def __init__(self, coordinator: Any, collectors: int) -> None:
+        self.coordinator = coordinator
+        self.collectors_left = collectors
+        self._lock = threading.Lock()
+
+    def on_exit(self, name: str, code: int) -> None:
+        logger.error("%s exited with code %d (its log: logs/%s.log)", name, code, name)
+        with self._lock:
+            if name == "learner":
+                self.coordinator.abort(f"the learner exited with code {code}")
+            elif name.startswith("collector"):
+                self.collectors_left -= 1
+                if self.collectors_left == 0:
+                    self.coordinator.abort(f"every collector exited (the last with code {code})")
+
+
+def preflight(config: Any) -> str | None:
+    """What makes this run impossible, found before any child starts (``None``: go ahead).
+
+    The broker is tried once with a short budget: a refused password or a closed port is
+    known in seconds, not after every child's reconnect budget. (A job whose env no
+    collector could run is refused earlier still, when the job config is built.)
+    """
+    probe = config.transport.replace(connect_timeout_s=min(config.transport.connect_timeout_s, PREFLIGHT_CONNECT_S))
+    try:
+        BrokerLink(probe, "run-preflight", reconnect=False).open().close()
+    except WarrenError as exc:
+        return f"no usable broker: {exc.message}"
+    return None
+
+
+def remove_run_topology(transport: Settings, buffer_id: str) -> None:
+    """Delete what the run declared under its own prefix (a dead-letter queue holding messages stays)."""
+    names = Names(transport.prefix)
+    quick = transport.replace(connect_timeout_s=PREFLIGHT_CONNECT_S)
+    try:
+        with BrokerLink(quick, "run-cleanup", reconnect=False) as link:
+            for queue in (names.collector_tasks, names.learner_data(buffer_id)):
+                link.delete_queue(queue)
+            kept = link.queue_depth(names.dead_letter_queue) or 0
+            if kept:
+                logger.warning("%d dead letters kept in %s for inspection", kept, names.dead_letter_queue)
+            else:
+                link.delete_queue(names.dead_letter_queue)
+                link.delete_exchange(names.dead_letter_exchange)
+    except WarrenError as exc:
+        logger.warning("could not remove the run's queues: %s", exc.message)
+
+
+def _remove_step_files(data: Path) -> int:
+    """Step files left when the run ends are data no learner will read: the run's volume is its own."""
+    removed = 0
+    for path in data.iterdir() if data.is_dir() else ():
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def collector_id(index: int) -> str:
+    """The worker id of the run's ``index``-th collector: ``c0``, ``c1``...
+
+    Short, because the collector puts its role in front of it (connection
+    ``warren-collector-c0@host:pid``, log lines ``[collector c0]``); its log file is
+    ``logs/collector-<index>.log``.
+    """
+    return f"c{index}"
 
 
 def child_env(transport: Settings, workdir: Path) -> dict[str, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config
+from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level
 from worker.logs import setup_logging
 
 
@@ -22,7 +22,7 @@ def add_parser(commands: Any) -> None:
         ),
     )
     add_transport_flags(parser)
-    add_job_flags(parser)
+    add_job_flags(parser, run_end=False)  # the coordinator decides when the run ends
     parser.add_argument("--path-data", type=Path, help="step data directory (WARREN_PATH_DATA; ./data)")
     parser.add_argument("--path-policy", type=Path, help="policy directory (WARREN_PATH_POLICY; ./policy)")
     parser.add_argument("--torch-threads", type=int, help="torch intra-op threads (WARREN_TORCH_THREADS; default 1)")
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from worker.learner.service import Learner
 
     config = role_config(LearnerConfig, job=job_config(args), **flag_values(args, LearnerConfig))
-    setup_logging("learner", args.log_level)
+    setup_logging("learner", log_level(args))
     stop: threading.Event = args.stop
     try:
         Learner(config, stop).run()

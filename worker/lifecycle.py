@@ -1,4 +1,7 @@
-"""Signals: the first SIGTERM/SIGINT asks for a clean stop, the second exits at once."""
+"""Process start-up: native thread pools sized for sharing cores, and signal handling.
+
+The first SIGTERM/SIGINT asks for a clean stop, the second exits at once.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,22 @@ import threading
 from types import FrameType
 
 logger = logging.getLogger(__name__)
+
+#: Native thread pools numpy (OpenBLAS) and torch (OpenMP) read their size from at load.
+_POOL_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def single_threaded_math() -> None:
+    """One BLAS/OpenMP thread per process unless the environment says otherwise.
+
+    Call before numpy or torch is imported. warren's processes (collectors, a learner, the
+    broker) share a few cores, and a pool of BLAS threads spinning on a collector's tiny
+    matrices costs more than it gains: one collector measured 1.9 CPU-s per second of
+    rollout with the default pool on 2 cores, 1.0 with one thread, for 10% less speed
+    alone and more in company.
+    """
+    for variable in _POOL_VARIABLES:
+        os.environ.setdefault(variable, "1")
 
 
 def install_stop_handlers(stop: threading.Event) -> None:

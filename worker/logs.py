@@ -17,7 +17,11 @@ class _Identity(logging.Filter):
 
 
 def setup_logging(identity: str, level: str = "INFO") -> None:
-    """Log to stderr as ``time level [identity] logger: message``; pika only from WARNING up."""
+    """Log to stderr as ``time level [identity] logger: message``; pika only from WARNING up.
+
+    pika's ERROR records (and their tracebacks) show only at DEBUG: warren reports every
+    connection event itself, once (see ``messaging.connection``).
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Identity(identity))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(identity)s] %(name)s: %(message)s"))

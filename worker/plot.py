@@ -1,9 +1,10 @@
-"""``warren plot RUN_LOG``: the learning curve of a run, as a PNG."""
+"""``warren plot RUN``: the learning curve of a run, as a PNG (RUN: its run.jsonl or its directory)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,26 @@ def add_parser(commands: Any) -> None:
         help="draw eval return and env steps/s against env steps from a run log",
         description="Read a run log (run.jsonl, written by the coordinator) and write a PNG. Needs warren[plot].",
     )
-    parser.add_argument("run_log", type=Path, help="run.jsonl of a run")
-    parser.add_argument("-o", "--output", type=Path, help="PNG to write (default: next to the run log)")
+    parser.add_argument("run_log", type=Path, help="run.jsonl of a run, or the run's directory (runs/<id>)")
+    parser.add_argument("-o", "--output", type=Path, help="PNG to write (default: run.png next to the run log)")
     parser.set_defaults(run=run)
+
+
+#: The run log's name in a run directory (``warren run`` writes it there).
+RUN_LOG_NAME = "run.jsonl"
+
+
+def run_log_path(path: Path) -> Path:
+    """The run log named by ``path``: the file itself, or the ``run.jsonl`` in a run directory.
+
+    Raises:
+        ConfigurationError: ``path`` is a directory without a run log.
+    """
+    if not path.is_dir():
+        return path
+    if not (path / RUN_LOG_NAME).is_file():
+        raise ConfigurationError(f"{path} is a directory without a {RUN_LOG_NAME} (not a run directory?)")
+    return path / RUN_LOG_NAME
 
 
 def read_run_log(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -66,8 +84,9 @@ def plot(path: Path, output: Path) -> Path:
     top.plot(steps, returns, marker="o")
     top.set_ylabel("eval return (mean)")
     if summary is not None:
-        top.axhline(float(summary["stop_value"]), color="grey", linestyle="--", label="stop value")
-        top.legend(loc="lower right")
+        if math.isfinite(float(summary["stop_value"])):  # inf: a run meant to end on a budget
+            top.axhline(float(summary["stop_value"]), color="grey", linestyle="--", label="stop value")
+            top.legend(loc="lower right")
         title = f"{path.parent.name}: {'reached' if summary['success'] else 'did not reach'} stop value"
         top.set_title(f"{title} in {summary['wall_time_s']:.0f} s")
     bottom.plot(steps, rates, marker=".", color="tab:green")
@@ -82,6 +101,7 @@ def plot(path: Path, output: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    output = args.output or args.run_log.with_suffix(".png")
-    print(plot(args.run_log, output))
+    run_log = run_log_path(args.run_log)
+    output = args.output or run_log.with_suffix(".png")
+    print(plot(run_log, output))
     return 0

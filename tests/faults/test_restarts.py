@@ -12,7 +12,16 @@ import time
 
 import pytest
 
-from messaging import BrokerLink, MessagingError, MetadataConsumer, MetadataPublisher, Names, Settings
+from messaging import (
+    BrokerLink,
+    ConfirmedPublisher,
+    MessagingError,
+    MetadataConsumer,
+    MetadataPublisher,
+    Names,
+    RpcClient,
+    Settings,
+)
 from tests import broker_admin
 from tests.fault_report import record, scaled
 from tests.faults.conftest import Cluster
@@ -41,15 +50,17 @@ def test_metadata_confirmed_before_a_broker_restart_is_all_there_after_it(
     stop = threading.Event()
 
     def publish() -> None:
-        with BrokerLink(patient, "test-publisher") as link:
-            publisher = MetadataPublisher(link, queue)
+        with ConfirmedPublisher(patient, "test-publisher") as confirming:
+            publisher = MetadataPublisher(confirming, queue)
             i = 0
             while not stop.is_set():
                 try:
                     publisher.publish({"data_id": f"d{i}", "policy_iter": i})
+                    publisher.flush(patient.connect_timeout_s)  # confirmed: the claim under test
                     confirmed.append(i)
                 except MessagingError:
                     failed.append(i)
+                    break  # a publisher's failure is final
                 i += 1
 
     thread = threading.Thread(target=publish)
@@ -86,7 +97,8 @@ def test_the_whole_job_survives_a_broker_restart(
     # Given a running job whose processes allow a minute of reconnecting
     cluster = cluster_on_private_broker
     patient = {"WARREN_CONNECT_TIMEOUT_S": "90"}
-    budget = scaled(12_000, 150_000)
+    # (a budget that lasts well past the restart: collection runs at the learner's pace)
+    budget = scaled(150_000, 1_000_000)
     cluster.write_job(f"[coordinator]\ncollect_tasks = 2\nmax_time_s = 240.0\nmax_env_steps = {budget}\n")
     learner = cluster._start("learner", ["learner", "--config", str(cluster.job)], **patient)
     collectors = [cluster._start(f"c{i}", ["collector", "--worker-id", f"c{i}"], **patient) for i in range(2)]
@@ -167,3 +179,21 @@ def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> No
         tasks_completed=summary["tasks_done"],
         run_completed=True,
     )
+
+
+def test_a_start_request_waiting_in_its_queue_survives_a_broker_restart(
+    private_broker: PrivateNode, private_settings: Settings, private_link: BrokerLink
+) -> None:
+    # Given start requests queued while no worker listens: one sent durable (as the
+    # coordinator sends starts), one not
+    names = Names(private_settings.prefix)
+    private_link.declare(names.collector_tasks_decl())
+    with RpcClient(private_settings, "restart-client") as client:
+        client.send(names.collector_tasks, {"name": "collector_start_task"}, timeout_s=600, durable=True)
+        client.send(names.collector_tasks, {"name": "collector_start_task"}, timeout_s=600)
+        broker_admin.wait_until(lambda: private_link.queue_depth(names.collector_tasks) == 2, 10, "both queued")
+    # When the broker restarts
+    _restart_broker(private_broker, 0.5)
+    # Then the durable one is still there for the next worker; the other is gone
+    broker_admin.wait_until(lambda: private_link.queue_depth(names.collector_tasks) is not None, 60, "the queue back")
+    assert private_link.queue_depth(names.collector_tasks) == 1

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from messaging import BrokerLink, MetadataConsumer, Names, RemoteError, RpcClient, Settings
-from tests.broker_admin import wait_until
+from tests.broker_admin import close_connections, connections, wait_until
 from tests.procs import Proc, role_env, wait_for_queue
 from tests.tasks import drain_data_tasks, start_task
 from worker.rl.policy import QNetwork
@@ -107,11 +107,14 @@ def test_whole_protocol_resource_start_data_close(
     store = StepStore(volume / "data")
     for meta in data:
         chunk = store.read(meta["data_id"], wait_s=0)
-        assert chunk.count == meta["unroll_len"]
-        assert chunk.fields["obs"].shape == (chunk.count, 4) and chunk.fields["obs"].dtype == np.float32
-        assert chunk.fields["next_obs"].shape == (chunk.count, 4)
-        assert chunk.fields["action"].dtype == np.int64 and chunk.fields["done"].dtype == np.bool_
-    assert sum(m["unroll_len"] for m in data) == infos[-1]["cur_sample"]
+        rows = (meta["unroll_len"], meta["env_num"])
+        assert chunk.count == rows[0] and rows[1] == 3
+        assert chunk.fields["obs"].shape == (*rows, 4) and chunk.fields["obs"].dtype == np.float32
+        assert chunk.fields["next_obs"].shape == (*rows, 4)
+        assert chunk.fields["action"].shape == rows and chunk.fields["action"].dtype == np.int64
+        assert chunk.fields["done"].dtype == chunk.fields["valid"].dtype == np.bool_
+        assert int(chunk.fields["valid"].sum()) == meta["sample_count"]
+    assert sum(m["sample_count"] for m in data) == infos[-1]["cur_sample"]
     # close: DI-engine's finish_info plus the task id; 3 envs x 2 episodes
     finish = client.call(control, {"name": "collector_close_task"})
     assert finish["task_id"] == "task-a" and finish["collector_done"] is True
@@ -139,8 +142,9 @@ def test_metadata_can_be_read_straight_from_the_broker(
             item.ack()
             if "data_id" not in item.message and item.message["collector_done"]:
                 break
+    # (the counters only grow; a chunk the full queue refused and sent again may come late)
     samples = [m["cur_sample"] for m in messages]
-    assert samples == sorted(samples)  # published in the order produced
+    assert samples[-1] == max(samples)  # published in the order produced
     assert all(m["task_id"] == "task-direct" for m in messages)
     files = {p.name for p in (volume / "data").iterdir() if not p.name.startswith(".")}
     assert {m["data_id"] for m in messages if "data_id" in m} <= files
@@ -232,9 +236,10 @@ def test_bad_tasks_are_refused_clearly_and_the_worker_keeps_serving(
     body = start_body("t-evil", policy={"type": "dqn"}, policy_update_path=POLICY, collect_setting={"eps": 0.1})
     started = client.call(tasks, body)
     items = drain_data_tasks(client, started["control_queue"])
-    assert "error" in items[-1]
+    assert "error" in items[-1] and items[-1]["collector_done"] is True
     finish = client.call(started["control_queue"], {"name": "collector_close_task"})
     assert "policy" in finish["error"]
+    assert finish["collector_done"] is True  # a failed task is over, as its final info said
     assert not marker.exists()
     # The same worker still serves a good task.
     assert worker.alive()
@@ -279,8 +284,9 @@ def test_sigterm_mid_task_stops_cleanly_and_says_so(
     assert not link.queue_exists(started["control_queue"])
     last = messages[-1]
     assert last.get("aborted") is True and last["collector_done"] is False
+    # (the counters only grow; a chunk the full queue refused and sent again may come late)
     samples = [m["cur_sample"] for m in messages]
-    assert samples == sorted(samples)
+    assert samples[-1] == max(samples)
     assert "stopping cleanly" in worker.log()
 
 
@@ -315,3 +321,66 @@ def test_a_starting_learner_sweeps_temp_files_crashed_writers_left(
         assert fresh_data.exists() and fresh_policy.exists()
     finally:
         learner.kill()
+
+
+def test_a_collector_with_a_refused_password_exits_at_once(settings: Settings, volume: Path) -> None:
+    # Given a worker whose broker refuses its credentials (a long connect budget, to be sure
+    # the refusal, not the budget, ends it)
+    url = settings.amqp_url.replace("guest:guest@", "guest:wrong@")
+    env = role_env(settings, WARREN_AMQP_URL=url, WARREN_CONNECT_TIMEOUT_S="120")
+    started = time.monotonic()
+    proc = Proc(["collector", "--worker-id", "w-refused"], env=env, log=volume / "refused.log")
+    try:
+        assert proc.wait(60) == 1
+    finally:
+        proc.kill()
+    assert time.monotonic() - started < 30
+    assert "refused the credentials" in proc.log()
+
+
+def test_a_task_queue_deleted_by_its_reader_does_not_come_back_after_a_reconnect(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, amqp_url: str, link: BrokerLink
+) -> None:
+    # Given a worker that ran a task whose reader deleted the metadata queue at the end
+    start_worker("w1", WARREN_HEARTBEAT_S="3")
+    started = client.call(Names(settings.prefix).collector_tasks, start_body("gone-1"))
+    drain_data_tasks(client, started["control_queue"])
+    client.call(started["control_queue"], {"name": "collector_close_task"})
+    link.delete_queue(started["metadata_queue"])
+
+    # When the broker closes the worker's connections and they come back (the handler's
+    # connection, which declared the queue, included)
+    def handler_connections() -> set[str]:
+        return {
+            c["name"]
+            for c in connections(amqp_url)
+            if c.get("client_properties", {}).get("connection_name", "").startswith("warren-collector-w1-handler@")
+        }
+
+    wait_until(lambda: bool(handler_connections()), 30, "the handler connection to be listed")
+    before = handler_connections()
+    assert close_connections(amqp_url, lambda n: n.startswith("warren-collector-w1")) >= 2
+    wait_until(lambda: bool(handler_connections() - before), 60, "the handler to reconnect")
+    # Then the deleted queue stays deleted
+    assert not link.queue_exists(started["metadata_queue"])
+
+
+def test_a_start_whose_caller_left_is_undone(
+    start_worker: WorkerFactory, settings: Settings, volume: Path, link: BrokerLink
+) -> None:
+    names = Names(settings.prefix)
+    start_worker("w1")
+    with RpcClient(settings, "keeper") as keeper:
+        # Given a busy worker, and a second start request waiting behind the first
+        first = keeper.call(names.collector_tasks, start_body("long-1", n_episode=10**6))
+        leaver = RpcClient(settings, "leaver")
+        pending = leaver.send(names.collector_tasks, start_body("orphan-1", n_episode=10**6))
+        assert pending
+        # When its caller leaves (its reply queue goes with it) before the worker takes it
+        leaver.close()
+        keeper.call(first["control_queue"], {"name": "collector_close_task"})
+        # Then the worker runs it only until its start reply bounces, and removes what it made
+        wait_until(
+            lambda: not keeper.call(names.collector_tasks, {"name": "resource"})["busy"], 30, "the worker to be free"
+        )
+        wait_until(lambda: not link.queue_exists(names.metadata("orphan-1")), 10, "the orphan's queue to go")

@@ -588,7 +588,7 @@ def fixed_probes() -> list[Probe]:
         Probe(resource, "tasks", content_type="application/json"),
         Probe(resource, "tasks", content_type="application/x-python-pickle", correlation="none"),
         Probe(resource, "tasks", content_type=None),
-        Probe(resource, "tasks", schema=2),
+        Probe(resource, "tasks", schema=1),
         Probe(bodies[0], "control", reply_to="none", correlation="none", content_type="text/plain"),
         Probe(bodies[-1], "control"),
     ]
@@ -773,28 +773,31 @@ def _metadata_queue(run_log: Path) -> str | None:
 def _write_step_file(data: Path, data_id: str, kind: str) -> None:
     """A step file named ``data_id``: ``good``, or broken in the way ``kind`` says."""
     store = StepStore(data)
-    k = 4
+    k, n = 4, 2
     fields: dict[str, Any] = {
-        "obs": np.zeros((k, 4), np.float32),
-        "next_obs": np.zeros((k, 4), np.float32),
-        "action": np.zeros(k, np.int64),
-        "reward": np.ones(k, np.float32),
-        "done": np.zeros(k, np.bool_),
-        "truncated": np.zeros(k, np.bool_),
+        "obs": np.zeros((k, n, 4), np.float32),
+        "next_obs": np.zeros((k, n, 4), np.float32),
+        "action": np.zeros((k, n), np.int64),
+        "reward": np.ones((k, n), np.float32),
+        "done": np.zeros((k, n), np.bool_),
+        "truncated": np.zeros((k, n), np.bool_),
+        "valid": np.ones((k, n), np.bool_),
     }
     if kind == "nan obs":
-        fields["obs"][0, 0] = np.nan
+        fields["obs"][0, 0, 0] = np.nan
     elif kind == "action out of range":
         fields["action"][:] = 7
     elif kind == "wrong obs dim":
-        fields["obs"] = fields["next_obs"] = np.zeros((k, 9), np.float32)
+        fields["obs"] = fields["next_obs"] = np.zeros((k, n, 9), np.float32)
     elif kind == "missing field":
         del fields["reward"]
     elif kind == "junk bytes":
         (data / data_id).write_bytes(os.urandom(64))
         return
     elif kind == "wrong document":
-        (data / data_id).write_bytes(encode({"schema": 1, "kind": "warren.samples", "data_id": data_id, "count": "x"}))
+        (data / data_id).write_bytes(
+            encode({"schema": SCHEMA_VERSION, "kind": "warren.samples", "data_id": data_id, "count": "x"})
+        )
         return
     elif kind == "fifo":
         os.mkfifo(data / data_id)
@@ -957,6 +960,7 @@ JOB_TOML = (
     "[env]\ncollector_env_num = 1\n"
     "[collector]\nn_sample = 100000000\n"
     "[coordinator]\ncollect_tasks = 1\neval_interval_s = 3600.0\nmax_env_steps = 1000000000000\nmax_time_s = 900.0\n"
+    "max_run_ahead_samples = 100000000\n"
     "[learner_process]\nread_wait_s = 0.1\n"
     "[learner]\nlearning_starts = 1000000000\n"  # no training: the learner only reads, so it keeps up
 )

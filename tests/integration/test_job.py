@@ -56,7 +56,7 @@ def test_two_collectors_train_cartpole_to_the_stop_value(settings: Settings, tmp
     # Then it reaches 195 and everything stops cleanly
     assert code == 0 and summary["success"], summary
     assert summary["best_eval"] >= 195.0
-    assert set(summary["workers_seen"]) == {"collector-0", "collector-1"}
+    assert set(summary["workers_seen"]) == {"c0", "c1"}
     assert all(c == 0 for c in summary["children_exit_codes"].values()), summary["children_exit_codes"]
     assert not any(_alive(pid) for pid in summary["children_pids"].values())
     # The collectors read the learner's policies back: train_iter grows across tasks
@@ -71,7 +71,10 @@ def test_two_collectors_train_cartpole_to_the_stop_value(settings: Settings, tmp
 def test_a_collector_killed_mid_task_does_not_stop_the_run(settings: Settings, tmp_path: Path, link: Any) -> None:
     # Given a coordinator, a learner and three collectors with long collect tasks
     job = tmp_path / "job.toml"
-    job.write_text("[collector]\nn_sample = 4096\n[coordinator]\ncollect_tasks = 2\neval_interval_s = 5.0\n")
+    job.write_text(  # few envs and many samples: a task lasts about a second, long enough to kill into
+        "[env]\ncollector_env_num = 8\n[collector]\nn_sample = 16384\n"
+        "[coordinator]\ncollect_tasks = 2\neval_interval_s = 5.0\nmax_run_ahead_samples = 32768\n"
+    )
     volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
     procs: list[Proc] = []
     names = Names(settings.prefix)
@@ -168,7 +171,11 @@ def test_ctrl_c_stops_the_whole_job_and_leaves_no_process(settings: Settings, tm
 def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path: Path, link: Any) -> None:
     # Given the default job (collect_tasks = 0: one per worker) and three collectors
     job = tmp_path / "job.toml"
-    job.write_text("[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 4000\n[learner]\nlearning_starts = 100\n")
+    job.write_text(  # long tasks (few envs, many samples), so the three overlap for seconds
+        "[env]\ncollector_env_num = 4\n[collector]\nn_sample = 20000\n"
+        "[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 60000\nmax_run_ahead_samples = 1000000\n"
+        "[learner]\nlearning_starts = 100\n"
+    )
     volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
     names = Names(settings.prefix)
     procs: list[Proc] = []
@@ -195,13 +202,13 @@ def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path
     concurrent = max(len(r["running"]) for r in records if r["kind"] == "checkpoint")
     assert concurrent == 3
     assert {r["worker_id"] for r in records if r["kind"] == "task"} == {"w0", "w1", "w2"}
-    assert "one per collector worker" in coordinator.log()
+    assert "one collect task per worker" in coordinator.log()
 
 
 def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Settings, tmp_path: Path) -> None:
     # Given warren run with a non-default metadata queue length, and long collect tasks
     job = tmp_path / "job.toml"
-    job.write_text("[collector]\nn_sample = 50000\n")
+    job.write_text("[collector]\nn_sample = 50000\n[coordinator]\nmax_run_ahead_samples = 50000\n")
     env = {**os.environ, **role_env(settings)}
     args = ["run", "--workdir", str(tmp_path / "run"), "--progress", "off", "--config", str(job)]
     args += ["--collectors", "1", "--metadata-queue-length", "3", "--max-time-s", "90"]
@@ -221,3 +228,90 @@ def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Setting
         proc.wait(60)
     # Then the collector declared its metadata queue with the flag's value, not the default
     assert lengths == {3}
+
+
+def _run_command(
+    settings: Settings, workdir: Path, *extra: str, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **role_env(settings)}
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", "run", "--workdir", str(workdir), "--progress", "off", *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env_id", "said"),
+    [("NotAnEnv-v0", "unknown env id 'NotAnEnv-v0'"), ("Pendulum-v1", "Discrete is required")],
+)
+def test_a_job_whose_env_cannot_be_used_fails_before_any_child_starts(
+    settings: Settings, tmp_path: Path, env_id: str, said: str
+) -> None:
+    started = time.monotonic()
+    done = _run_command(settings, tmp_path / "run", "--env-id", env_id)
+    assert done.returncode == 2  # a job that cannot run is a configuration error
+    assert said in done.stderr
+    assert time.monotonic() - started < 30  # not the 30-minute budget
+    assert not (tmp_path / "run" / "logs").exists()  # no child was started
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("amqp://guest:guest@127.0.0.1:1/%2F", "no usable broker"),
+        ("amqp://guest:not-the-password@127.0.0.1:5672/%2F", "no usable broker"),
+    ],
+)
+def test_a_broker_that_cannot_be_used_fails_the_run_in_seconds(
+    settings: Settings, tmp_path: Path, url: str, said: str
+) -> None:
+    started = time.monotonic()
+    done = _run_command(settings, tmp_path / "run", "--amqp-url", url)
+    assert done.returncode == 1 and said in done.stderr
+    assert "password" not in done.stderr or "not-the-password" not in done.stderr
+    assert time.monotonic() - started < 20
+    assert "Traceback" not in done.stderr
+
+
+def test_the_run_ends_when_its_learner_dies_and_leaves_the_broker_clean(settings: Settings, tmp_path: Path) -> None:
+    # Given a run with a long budget
+    env = {**os.environ, **role_env(settings)}
+    args = ["run", "--workdir", str(tmp_path / "run"), "--progress", "off", "--collectors", "1", "--max-time-s", "300"]
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", *args], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _child(proc.pid, "learner") is not None, 60, "the learner process")
+        wait_until(lambda: bool(list((tmp_path / "run" / "policy").glob("policy_main"))), 60, "the first policy")
+        # When the learner dies
+        learner = _child(proc.pid, "learner")
+        assert learner is not None
+        os.kill(learner, signal.SIGKILL)
+        # Then the run ends soon, failed, saying why
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "the learner exited" in stderr
+    # and its queues and exchange are gone from the broker
+    left = [q["name"] for q in queues(settings.amqp_url) if q["name"].startswith(settings.prefix + "-")]
+    assert left == []
+    assert not list((tmp_path / "run" / "data").iterdir())
+
+
+def _child(parent: int, role: str) -> int | None:
+    """The pid of ``parent``'s child running ``warren <role>``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == parent and role.encode() in cmdline:
+            return int(entry.name)
+    return None

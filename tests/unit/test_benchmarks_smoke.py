@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +94,21 @@ def test_controller_weights_fit_the_default_q_network() -> None:
     weights = controller_weights()
     assert all(not t.requires_grad for t in weights.values())
     assert "net.0.weight" in weights
+
+
+def test_results_go_only_to_out_when_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results = tmp_path / "results"
+    monkeypatch.setattr(runner, "RESULTS_DIR", results)
+    out = tmp_path / "trial" / "mine.json"
+    runner._write({"cases": {}}, out)
+    assert json.loads(out.read_text()) == {"cases": {}}
+    assert not (results / "last.json").exists()  # the committed last run stays as it was
+
+
+def test_without_out_results_go_to_a_timestamped_file_and_last_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "RESULTS_DIR", tmp_path)
+    written = runner._write({"cases": {}}, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written)
+    assert "last.json" in [p.name for p in written] and len(written) == 2

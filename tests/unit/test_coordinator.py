@@ -7,13 +7,14 @@ against RabbitMQ and real workers; these pin down what it decides, turn by turn.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from messaging import Settings
+from messaging import MessagingError, Settings
 from tests.fake_bus import FakeBus, Sent
 from worker.config import CoordinatorConfig
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
@@ -43,8 +44,9 @@ def data(task_id: str, n: int, *, steps: int, policy_iter: int = 3) -> dict[str,
     return DataItem(
         data_id=f"env_0_{task_id}_{n}",
         policy_iter=policy_iter,
-        unroll_len=8,
-        env_id=0,
+        unroll_len=2,
+        env_num=4,
+        sample_count=8,
         cur_episode=0,
         cur_sample=8 * n,
         cur_step=steps,
@@ -89,8 +91,8 @@ def records(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def test_one_collect_task_is_started_per_idle_worker(tmp_path: Path) -> None:
-    # Given three workers listening on the task queue
-    coordinator, bus = make(tmp_path, idle=3)
+    # Given three workers listening on the task queue (and room for their tasks in the rate limit)
+    coordinator, bus = make(tmp_path, idle=3, max_run_ahead_samples=10**6)
     # When the coordinator runs a turn
     coordinator.turn()
     # Then it sent three valid collect tasks to the shared queue, no more
@@ -99,6 +101,34 @@ def test_one_collect_task_is_started_per_idle_worker(tmp_path: Path) -> None:
     assert {s.queue for s in starts} == {"p.collector.tasks"}
     tasks = [StartTask.from_wire(s.body) for s in starts]
     assert all(t.cfg.n_sample and not t.cfg.eval_flag for t in tasks)
+    coordinator.turn()
+    assert len(bus.starts()) == 3
+
+
+def test_collection_never_runs_further_ahead_of_the_learner_than_the_limit(tmp_path: Path) -> None:
+    # Given three idle workers and room for two tasks' samples ahead of training
+    n_sample = JobConfig().collector.n_sample
+    coordinator, bus = make(tmp_path, idle=3, max_run_ahead_samples=2 * n_sample)
+    # Then only two tasks start
+    coordinator.turn()
+    assert len(bus.starts()) == 2 and coordinator.stats.held_back
+    # When one delivers its samples and ends while the learner has not taken them yet
+    first = bus.starts()[0]
+    reply = bus.accept(first, "w1")
+    coordinator.turn()
+    bus.push(reply.metadata_queue, {**data(reply.task_id, 1, steps=n_sample), "sample_count": n_sample})
+    bus.push(reply.metadata_queue, info(reply.task_id, steps=n_sample, done=True))
+    coordinator.turn()
+    bus.replies[bus.sent[-1].correlation_id] = finished(
+        eval_flag=False, train_iter=0, steps=n_sample, returns=[]
+    ).to_wire()
+    bus.learner_backlog = 1
+    coordinator._idle_workers = 3
+    coordinator.turn()
+    coordinator.turn()
+    # Then no new task starts until the learner takes that chunk in
+    assert len(bus.starts()) == 2
+    bus.learner_backlog = 0
     coordinator.turn()
     assert len(bus.starts()) == 3
 
@@ -118,14 +148,30 @@ def test_data_is_forwarded_to_the_learner_before_its_stream_item_is_acked(tmp_pa
     bus.push(queue, data(task_id, 2, steps=16, policy_iter=5))
     bus.push(queue, info(task_id, steps=16))
     coordinator.turn()
-    # Then both data items went to the learner, in order, and every item was acked
+    # Then both data items went to the learner, in order, and every item was acked,
+    # the data ones only after the broker confirmed their copies
     assert [m["data_id"] for q, m in bus.forwarded if q == "p.learner.main"] == [
         f"env_0_{task_id}_1",
         f"env_0_{task_id}_2",
     ]
-    assert [outcome for _, outcome, _ in bus.settled] == ["ack", "ack", "ack"]
+    assert [(outcome, "data_id" in m) for _, outcome, m in bus.settled] == [
+        ("ack", False),
+        ("ack", True),
+        ("ack", True),
+    ]
     stats = coordinator.stats
     assert (stats.samples, stats.data_items, stats.env_steps, stats.policy_iter) == (16, 2, 16, 5)
+
+
+def test_data_whose_copy_was_not_confirmed_goes_back_to_its_stream(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, data(task_id, 1, steps=8))
+    bus.confirm_failure = MessagingError("not confirmed in time")
+    with pytest.raises(MessagingError):
+        coordinator.driver.advance_all()
+    assert [outcome for _, outcome, _ in bus.settled] == ["requeue"]
 
 
 def test_repeated_counters_are_counted_once(tmp_path: Path) -> None:
@@ -200,6 +246,7 @@ def test_a_busy_worker_refusal_frees_the_slot_for_a_new_task(tmp_path: Path) -> 
     bus.refuse(first, Refusal.WORKER_BUSY.value)
     coordinator.turn()
     assert coordinator.stats.tasks_rerun == 1
+    coordinator._fill_after = 0.0  # past the back-off
     coordinator.turn()
     assert len(bus.starts()) == 2
     assert StartTask.from_wire(bus.starts()[1].body).task_id != StartTask.from_wire(first.body).task_id
@@ -275,17 +322,29 @@ def test_a_close_to_a_vanished_worker_completes_the_task_from_its_last_info(tmp_
     assert record["task_id"] == task_id and record["cur_step"] == 256
 
 
-def test_shutdown_closes_running_tasks_and_gives_up_starting_ones(tmp_path: Path) -> None:
+def test_shutdown_closes_running_tasks_and_starting_ones_once_they_start(tmp_path: Path) -> None:
     coordinator, bus = make(tmp_path, collect_tasks=1, eval_interval_s=0.0)
     coordinator.turn()
-    collect, _eval = bus.starts()
+    collect, evaluation = bus.starts()
     bus.accept(collect, "w1")  # the collect task runs; the eval task is still starting
     coordinator.turn()
-    starting = [t for t in coordinator.driver.tasks.values() if t.state is State.STARTING]
-    assert [t.kind for t in starting] == [Kind.EVAL]
     coordinator.driver.close_all()
-    assert starting[0].correlation_id in bus.abandoned
-    assert [t.state for t in coordinator.driver.tasks.values()] == [State.CLOSING]
+    states = {t.kind: t.state for t in coordinator.driver.tasks.values()}
+    assert states == {Kind.COLLECT: State.CLOSING, Kind.EVAL: State.STARTING}
+    # When the eval's worker answers after all, the task is closed at once
+    bus.accept(evaluation, "w2")
+    coordinator.driver.advance_all()
+    assert bus.sent[-1].queue == "p.collector.control.w2" and bus.sent[-1].body == {"name": TaskName.CLOSE.value}
+
+
+def test_shutdown_frees_the_queue_of_a_start_never_answered(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    (start,) = bus.starts()
+    coordinator.shutdown_s = 0.0  # the worker never answers
+    coordinator._shutdown()
+    task_id = StartTask.from_wire(start.body).task_id
+    assert f"p.metadata.{task_id}" in bus.deleted and start.correlation_id in bus.abandoned
 
 
 def test_a_checkpoint_restores_the_counters_and_the_running_tasks(tmp_path: Path) -> None:
@@ -375,3 +434,38 @@ def test_a_checkpoint_of_the_previous_format_still_resumes_a_finished_task(tmp_p
     }
     _seq, (task,) = restore({"running": {"t1": saved}}, RunStats())
     assert task.done and task.last_info is not None and task.last_info.cur_step == 40
+
+
+def test_a_start_no_worker_can_ever_accept_ends_the_run_with_the_reason(tmp_path: Path) -> None:
+    # Given a job whose env the workers cannot run
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    bus.refuse(bus.starts()[0], Refusal.UNSUPPORTED_ENV.value)
+    # When the refusal arrives, the run ends at once, as a failure saying why; nothing is resent
+    coordinator.turn()
+    assert coordinator._finished() and not coordinator.success
+    assert coordinator.error is not None and "unsupported env" in coordinator.error
+    assert len(bus.starts()) == 1
+    assert coordinator.summary()["error"] == coordinator.error
+
+
+def test_transient_refusals_back_off_instead_of_resending_every_turn(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    bus.refuse(bus.starts()[0], Refusal.WORKER_BUSY.value)
+    coordinator.turn()
+    for _ in range(20):  # a second of loop turns would have been 20 start requests before
+        coordinator.turn()
+    assert len(bus.starts()) == 1
+    coordinator._fill_after = 0.0  # the pause is over
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+    assert not coordinator._finished()
+
+
+def test_abort_from_another_thread_ends_the_run_as_failed(tmp_path: Path) -> None:
+    coordinator, _bus = make(tmp_path)
+    threading.Thread(target=coordinator.abort, args=("the learner exited with code 1",)).start()
+    summary = coordinator.run()
+    assert summary["error"] == summary["reason"] == "the learner exited with code 1"
+    assert not summary["success"]

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 from messaging import ConfigurationError
@@ -49,3 +51,79 @@ def test_task_bodies_are_valid_collector_configs() -> None:
     assert collect.eps == 0.25 and not collect.eval_flag and collect.n_sample == config.collector.n_sample
     evaluation = CollectorSpec.from_wire(config.eval_spec().to_wire())
     assert evaluation.eval_flag and evaluation.n_episode == config.env.eval_episodes
+
+
+# -- the stop value -----------------------------------------------------------------------
+
+
+def test_cartpole_keeps_di_engines_stop_value_and_other_envs_take_their_reward_threshold(tmp_path: Path) -> None:
+    assert JobConfig.load(None).env.stop_value == 195.0  # gymnasium says 475; DI-engine's job uses 195
+    assert JobConfig.load(None, **{"env.id": "Acrobot-v1"}).env.stop_value == -100.0
+    path = tmp_path / "job.toml"
+    path.write_text('[env]\nid = "MountainCar-v0"\n')
+    assert JobConfig.load(path).env.stop_value == -110.0
+    # A stop value given in the file or as a flag wins
+    path.write_text('[env]\nid = "Acrobot-v1"\nstop_value = -80.0\n')
+    assert JobConfig.load(path).env.stop_value == -80.0
+    assert JobConfig.load(path, **{"env.stop_value": -90.0}).env.stop_value == -90.0
+
+
+def test_an_env_without_a_reward_threshold_needs_a_stop_value() -> None:
+    env_id = "WarrenTest/CartPoleNoThreshold-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=50)
+    with pytest.raises(ConfigurationError, match=r"has no reward_threshold.*give a stop value"):
+        JobConfig.load(None, **{"env.id": env_id})
+    assert JobConfig.load(None, **{"env.id": env_id, "env.stop_value": 40.0}).env.stop_value == 40.0
+
+
+@pytest.mark.parametrize(
+    ("env_id", "match"),
+    [
+        ("Nope-v0", "would be refused: unknown env id 'Nope-v0': not in the gymnasium registry"),
+        ("Pendulum-v1", "would be refused: env 'Pendulum-v1' has action space Box"),
+    ],
+)
+def test_an_env_no_collector_would_run_is_refused_before_the_run(env_id: str, match: str) -> None:
+    for stop_value in (None, 10.0):
+        with pytest.raises(ConfigurationError, match=match):
+            JobConfig.load(None, **{"env.id": env_id, "env.stop_value": stop_value})
+
+
+@pytest.mark.parametrize(
+    ("env_id", "stop_value", "warning"),
+    [
+        ("Acrobot-v1", 195.0, "stop value 195 is above the highest return Acrobot-v1 can give (0): only a budget"),
+        ("CartPole-v1", 1e5, "stop value 100000 is above the highest return CartPole-v1 can give (500)"),
+        ("CartPole-v1", -1.0, "stop value -1 is at or below the lowest return CartPole-v1 can give (0): the first"),
+        ("CartPole-v1", 195.0, None),
+        ("Acrobot-v1", -100.0, None),
+        ("Acrobot-v1", math.inf, None),  # deliberately: a run that ends on a budget
+    ],
+)
+def test_a_stop_value_the_env_cannot_reach_is_warned_about(env_id: str, stop_value: float, warning: str | None) -> None:
+    job = JobConfig.load(None, **{"env.id": env_id, "env.stop_value": stop_value})
+    warnings = job.warnings()
+    assert warnings == [] if warning is None else (len(warnings) == 1 and warnings[0].startswith(warning))
+
+
+def test_job_json_keeps_an_infinite_stop_value(tmp_path: Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(JobConfig.load(None, **{"env.stop_value": math.inf}).to_json())
+    assert JobConfig.load(path).env.stop_value == math.inf
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[coordinator]\ncollect_tasks = -1\n", "collect_tasks must be 0"),
+        ("[coordinator]\nmax_env_steps = 0\n", "budgets must be positive"),
+        ("[coordinator]\nmax_time_s = -1.0\n", "budgets must be positive"),
+        ("[env]\nstop_value = nan\n", "stop_value is nan"),
+    ],
+)
+def test_impossible_counts_and_budgets_in_a_file_are_refused(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigurationError, match=match):
+        JobConfig.load(path)

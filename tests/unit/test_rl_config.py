@@ -45,7 +45,7 @@ def test_minimal_dict_gets_documented_defaults() -> None:
 
     spec = CollectorSpec.from_wire(cfg)
 
-    assert (spec.traj_len, spec.update_policy_second, spec.max_env_steps) == (32, 3.0, 1_000_000)
+    assert (spec.traj_len, spec.update_policy_second, spec.max_env_steps) == (64, 3.0, 1_000_000)
     assert spec.eval_flag is False and spec.env.seed is None and spec.n_sample is None
     assert CollectorSpec.from_wire(spec.to_wire()) == spec
 
@@ -91,7 +91,7 @@ _DELETE = object()
         ("env.id", _DELETE, "collector_cfg.env.id is missing"),
         ("env.id", "", "collector_cfg.env.id"),
         ("env.id", 3, "collector_cfg.env.id"),
-        ("env.env_num", "x", "collector_cfg.env.env_num must be an integer between 1 and 64, got 'x'"),
+        ("env.env_num", "x", "collector_cfg.env.env_num must be an integer between 1 and 256, got 'x'"),
         ("env.env_num", 0, "collector_cfg.env.env_num"),
         ("env.env_num", 10**30, "collector_cfg.env.env_num"),
         ("env.env_num", True, "collector_cfg.env.env_num"),
@@ -140,7 +140,7 @@ def test_non_mapping_config_is_refused() -> None:
 
 def test_specs_built_in_code_are_validated_too() -> None:
     with pytest.raises(TaskError, match="env_num"):
-        EnvSpec("CartPole-v1", 65)
+        EnvSpec("CartPole-v1", 257)
 
 
 _scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=8)

@@ -15,15 +15,16 @@ from worker.rl.policy import DQNPolicy
 
 
 def chunk(start: int, k: int, obs_dim: int = 3) -> dict[str, np.ndarray]:
-    """``k`` transitions whose obs rows are filled with ``start, start+1, ...``."""
+    """A ``[k, 1]`` chunk (one env) whose obs rows are filled with ``start, start+1, ...``."""
     ids = np.arange(start, start + k, dtype=np.float32)
     return {
-        "obs": np.repeat(ids[:, None], obs_dim, axis=1),
-        "next_obs": np.repeat(ids[:, None] + 0.5, obs_dim, axis=1),
-        "action": (np.arange(k) % 2).astype(np.int64),
-        "reward": np.ones(k, np.float32),
-        "done": np.zeros(k, bool),
-        "truncated": np.zeros(k, bool),
+        "obs": np.repeat(ids[:, None], obs_dim, axis=1)[:, None, :],
+        "next_obs": np.repeat(ids[:, None] + 0.5, obs_dim, axis=1)[:, None, :],
+        "action": (np.arange(k) % 2).astype(np.int64)[:, None],
+        "reward": np.ones((k, 1), np.float32),
+        "done": np.zeros((k, 1), bool),
+        "truncated": np.zeros((k, 1), bool),
+        "valid": np.ones((k, 1), bool),
     }
 
 
@@ -63,9 +64,32 @@ def test_sample_returns_tensors_of_the_stored_transitions() -> None:
     torch.testing.assert_close(batch["next_obs"], batch["obs"] + 0.5)
 
 
-def test_sampling_an_empty_buffer_is_an_error() -> None:
+def test_sample_arrays_draws_the_same_transitions_as_sample_as_fresh_numpy_arrays() -> None:
+    buf = ReplayBuffer(100, 3)
+    buf.add(chunk(0, 10))
+
+    arrays = buf.sample_arrays(32, np.random.default_rng(0))
+    tensors = buf.sample(32, np.random.default_rng(0))
+
+    assert {k: (v.shape, v.dtype.name) for k, v in arrays.items()} == {
+        "obs": ((32, 3), "float32"),
+        "next_obs": ((32, 3), "float32"),
+        "action": ((32,), "int64"),
+        "reward": ((32,), "float32"),
+        "done": ((32,), "bool"),
+    }
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(array, tensors[name].numpy())
+    np.testing.assert_array_equal(arrays["next_obs"], arrays["obs"] + 0.5)
+    # copies: the learner may write into a batch without touching the buffer
+    arrays["obs"][:] = -1.0
+    assert (buf.obs[:10] >= 0.0).all()
+
+
+@pytest.mark.parametrize("method", ["sample", "sample_arrays"])
+def test_sampling_an_empty_buffer_is_an_error(method: str) -> None:
     with pytest.raises(ValueError, match="empty"):
-        ReplayBuffer(10, 3).sample(4, np.random.default_rng(0))
+        getattr(ReplayBuffer(10, 3), method)(4, np.random.default_rng(0))
 
 
 def _broken(**changes: Any) -> dict[str, Any]:
@@ -82,15 +106,16 @@ def _broken(**changes: Any) -> dict[str, Any]:
     ("bad", "message"),
     [
         (_broken(obs=None), "'obs' must be a numpy array"),
+        (_broken(valid=None), "'valid' must be a numpy array"),
         (_broken(reward=[1.0, 1.0, 1.0, 1.0]), "'reward' must be a numpy array"),
-        (_broken(obs=np.zeros((4, 2), np.float32)), "'obs' has shape"),
-        (_broken(next_obs=np.zeros((3, 3), np.float32)), "'next_obs' has shape"),
-        (_broken(action=np.zeros(4, np.float32)), "'action' has shape"),
-        (_broken(done=np.zeros(4, np.int64)), "'done' has shape"),
-        (_broken(action=np.array(1)), "'obs' has shape"),
-        (_broken(obs=np.full((4, 3), np.nan, np.float32)), "'obs' holds NaN"),
-        (_broken(action=np.array([0, 1, 2, 0])), "actions must lie in [0, 2)"),
-        (_broken(action=np.array([0, -1, 0, 0])), "actions must lie in"),
+        (_broken(obs=np.zeros((4, 1, 2), np.float32)), "'obs' has shape"),
+        (_broken(next_obs=np.zeros((3, 1, 3), np.float32)), "'next_obs' has shape"),
+        (_broken(action=np.zeros((4, 1), np.float32)), "'action' has shape"),
+        (_broken(done=np.zeros((4, 1), np.int64)), "'done' has shape"),
+        (_broken(valid=np.ones(4, bool)), "'obs' has shape"),
+        (_broken(obs=np.full((4, 1, 3), np.nan, np.float32)), "'obs' holds NaN"),
+        (_broken(action=np.array([[0], [1], [2], [0]])), "actions must lie in [0, 2)"),
+        (_broken(action=np.array([[0], [-1], [0], [0]])), "actions must lie in"),
     ],
 )
 def test_malformed_chunks_are_refused_whole(bad: dict[str, Any], message: str) -> None:
@@ -101,6 +126,25 @@ def test_malformed_chunks_are_refused_whole(bad: dict[str, Any], message: str) -
 
     assert message in info.value.message
     assert len(buf) == 0 and buf.total_added == 0
+
+
+def test_only_valid_rows_of_a_many_env_chunk_are_stored_in_time_then_env_order() -> None:
+    # Given a [3 steps, 2 envs] chunk whose env 1 takes a reset step at t=1
+    obs = np.arange(6, dtype=np.float32).reshape(3, 2, 1).repeat(3, axis=2)
+    good = {
+        "obs": obs,
+        "next_obs": obs + 0.5,
+        "action": np.zeros((3, 2), np.int64),
+        "reward": np.ones((3, 2), np.float32),
+        "done": np.array([[False, True], [False, False], [False, False]]),
+        "truncated": np.zeros((3, 2), bool),
+        "valid": np.array([[True, True], [True, False], [True, True]]),
+    }
+    buf = ReplayBuffer(10, 3)
+    # When it is added, the invalid row is left out
+    assert buf.add(good) == 5 and len(buf) == 5
+    assert buf.obs[:5, 0].tolist() == [0, 1, 2, 4, 5]
+    assert buf.done[:5].tolist() == [False, True, False, False, False]
 
 
 def test_read_only_arrays_from_the_codec_are_accepted() -> None:

@@ -14,31 +14,32 @@ import pytest
 
 from worker.errors import CollectorError, CorruptFile, PolicyUnavailable, TaskError, UnsafePath
 from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
-from worker.rl.envs import EnvBatch
+from worker.rl.envs import VecEnvBatch
 from worker.rl.policy import QNetwork
 from worker.rl.rollout import PolicySource, Rollout
 from worker.storage import PolicySnapshot
 
 HIDDEN = (8,)
 META_KEYS = {
-    "eval_flag", "env_id", "policy_iter", "unroll_len", "compressor", "get_data_time", "priority",
+    "eval_flag", "policy_iter", "unroll_len", "env_num", "sample_count", "compressor", "get_data_time", "priority",
     "cur_episode", "cur_sample", "cur_step",
 }  # fmt: skip
+FIELDS = {"obs", "next_obs", "action", "reward", "done", "truncated", "valid"}
 
 
 class RecordingSink:
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
 
-    def add_samples(self, env_id: int, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
-        self.events.append(("samples", (env_id, dict(samples), meta)))
+    def add_chunk(self, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
+        self.events.append(("chunk", (dict(samples), meta)))
 
     def add_info(self, info: dict[str, Any]) -> None:
         self.events.append(("info", info))
 
     @property
-    def chunks(self) -> list[tuple[int, dict[str, np.ndarray], dict[str, Any]]]:
-        return [payload for kind, payload in self.events if kind == "samples"]
+    def chunks(self) -> list[tuple[dict[str, np.ndarray], dict[str, Any]]]:
+        return [payload for kind, payload in self.events if kind == "chunk"]
 
     @property
     def infos(self) -> list[dict[str, Any]]:
@@ -95,15 +96,10 @@ def test_n_episode_task_runs_exactly_env_num_times_n_episode_episodes() -> None:
     info = rollout.finish_info()
     assert info.real_episode_count == info.predefined_episode_count == 6
     assert len(info.reward_raw) == 6
-    # every env ended exactly two episodes (a chunk ends an episode when its last row is done/truncated)
-    ends = [0, 0, 0]
-    for env_id, samples, _ in sink.chunks:
-        ends[env_id] += int(np.sum(samples["done"] | samples["truncated"]))
-    assert ends == [2, 2, 2]
     assert [i["collector_done"] for i in sink.infos] == [False] * (len(sink.infos) - 1) + [True]
     assert sink.events[-1] == ("info", sink.infos[-1]) and sink.infos[-1]["cur_episode"] == 6
     assert info.collector_done is True
-    assert info.sample_count == info.step_count == sum(m["unroll_len"] for _, _, m in sink.chunks)
+    assert info.sample_count == sum(m["sample_count"] for _, m in sink.chunks)
 
 
 def test_n_sample_task_stops_at_the_sample_target_and_reports_done_once() -> None:
@@ -111,7 +107,7 @@ def test_n_sample_task_stops_at_the_sample_target_and_reports_done_once() -> Non
 
     info = rollout.finish_info()
     assert 50 <= info.sample_count < 50 + 4
-    assert sum(m["unroll_len"] for _, _, m in sink.chunks) == info.sample_count
+    assert sum(m["sample_count"] for _, m in sink.chunks) == info.sample_count
     assert sink.events[-1][0] == "info" and sink.infos[-1]["collector_done"] is True
     assert sum(i["collector_done"] for i in sink.infos) == 1
     assert sink.infos[-1]["cur_sample"] == info.sample_count
@@ -124,50 +120,63 @@ def test_max_env_steps_ends_the_task_as_done() -> None:
 
     info = rollout.finish_info()
     assert info.collector_done is True and 40 <= info.step_count < 42
-    assert info.sample_count == info.step_count  # partial trajectories were flushed
+    assert info.sample_count == info.step_count  # the partial chunk was shipped
     assert sink.infos[-1]["collector_done"] is True
 
 
 # -- chunks and ordering -------------------------------------------------------------
 
 
-def test_chunks_are_stacked_arrays_with_matching_meta() -> None:
-    _, sink = run(make_spec(env_num=2, n_episode=2, traj_len=5))
+def test_chunks_are_columnar_arrays_with_matching_meta() -> None:
+    _, sink = run(make_spec(env_num=2, n_episode=3, traj_len=5))
 
     assert sink.chunks
-    for env_id, samples, meta in sink.chunks:
-        k = meta["unroll_len"]
-        assert 1 <= k <= 5 and set(meta) == META_KEYS and meta["env_id"] == env_id
+    for samples, meta in sink.chunks:
+        t, n = meta["unroll_len"], meta["env_num"]
+        assert 1 <= t <= 5 and n == 2 and set(meta) == META_KEYS and set(samples) == FIELDS
         assert meta["compressor"] == "none" and meta["priority"] == 1.0 and meta["eval_flag"] is False
-        assert samples["obs"].shape == samples["next_obs"].shape == (k, 4)
+        assert samples["obs"].shape == samples["next_obs"].shape == (t, n, 4)
         assert samples["obs"].dtype == samples["next_obs"].dtype == np.float32
-        assert samples["action"].shape == (k,) and samples["action"].dtype == np.int64
-        assert samples["reward"].dtype == np.float32 and samples["done"].dtype == np.bool_
-        assert samples["truncated"].dtype == np.bool_
-        # transitions chain: s' of one row is s of the next, within an episode
-        np.testing.assert_array_equal(samples["next_obs"][:-1], samples["obs"][1:])
-        # only the last row of a chunk can end an episode
-        assert not (samples["done"][:-1] | samples["truncated"][:-1]).any()
+        assert samples["action"].shape == (t, n) and samples["action"].dtype == np.int64
+        assert samples["reward"].dtype == np.float32
+        for name in ("done", "truncated", "valid"):
+            assert samples[name].shape == (t, n) and samples[name].dtype == np.bool_
+        assert meta["sample_count"] == int(samples["valid"].sum())
 
 
-def test_data_of_a_step_reaches_the_sink_before_its_info() -> None:
+def test_rows_chain_within_episodes_and_reset_steps_are_not_transitions() -> None:
+    _, sink = run(make_spec(env_num=3, n_episode=4, traj_len=16))
+    # Glue the chunks back together in time: [T_total, N]
+    whole = {name: np.concatenate([c[name] for c, _ in sink.chunks]) for name in FIELDS}
+    ended = (whole["done"] | whole["truncated"]) & whole["valid"]
+    assert ended.sum() >= 12
+    # the row after an episode's end is the env's reset step: not a transition
+    assert not (ended[:-1] & whole["valid"][1:]).any()
+    # otherwise s' of one row is s of the next
+    chained = ~ended[:-1]
+    np.testing.assert_array_equal(whole["next_obs"][:-1][chained], whole["obs"][1:][chained])
+    # invalid rows carry no reward and no episode end
+    assert not (whole["done"] | whole["truncated"])[~whole["valid"]].any()
+
+
+def test_data_reaches_the_sink_before_the_info_counting_it() -> None:
     _, sink = run(make_spec(env_num=3, n_episode=3, traj_len=4))
 
     delivered = 0
     for kind, payload in sink.events:
-        if kind == "samples":
-            delivered += payload[2]["unroll_len"]
-            assert payload[2]["cur_sample"] == delivered
+        if kind == "chunk":
+            delivered += payload[1]["sample_count"]
+            assert payload[1]["cur_sample"] == delivered
         else:
             assert payload["cur_sample"] == delivered
-    assert len(sink.infos) >= 3
+    assert len(sink.infos) >= 2
 
 
 def test_counters_in_meta_only_grow() -> None:
     _, sink = run(make_spec(env_num=3, n_sample=200, traj_len=7))
 
     for key in ("cur_sample", "cur_step", "cur_episode"):
-        values = [m[key] for _, _, m in sink.chunks]
+        values = [m[key] for _, m in sink.chunks]
         assert values == sorted(values)
 
 
@@ -180,8 +189,10 @@ def test_eval_writes_no_samples_and_reports_returns() -> None:
     info = rollout.finish_info()
     assert sink.chunks == []
     assert info.real_episode_count == 3 and info.sample_count == 0
-    # CartPole pays 1 per step, so returns add up to the steps taken
-    assert sum(info.reward_raw) == info.step_count > 0
+    # CartPole pays 1 per step: the returns add up to no more than the steps taken (envs that
+    # finished their share keep stepping until the others finish, uncounted)
+    assert 0 < sum(info.reward_raw) <= info.step_count
+    assert all(r >= 8 for r in info.reward_raw)
     assert info.reward_mean == pytest.approx(np.mean(info.reward_raw))
     assert info.reward_std == pytest.approx(np.std(info.reward_raw))
     assert "collect_setting" not in info.to_wire() and info.eval_flag is True
@@ -203,7 +214,7 @@ def test_dqn_waits_for_the_first_policy() -> None:
     source = CountingSource(none_first=1, fail_first=1)  # a read error counts as "not there yet"
     _, sink = run(make_spec(policy="dqn", n_sample=10), source, policy_wait_s=5.0)
 
-    assert sink.chunks[0][2]["policy_iter"] == 3
+    assert sink.chunks[0][1]["policy_iter"] == 3
 
 
 def test_dqn_gives_up_after_policy_wait_s() -> None:
@@ -227,7 +238,7 @@ def test_collect_rereads_the_policy_every_update_policy_second() -> None:
         clock=lambda: float(next(ticks)),
     )
 
-    iters = [m["policy_iter"] for _, _, m in sink.chunks]
+    iters = [m["policy_iter"] for _, m in sink.chunks]
     assert iters[0] >= 1 and iters[-1] > iters[0] and iters == sorted(iters)
     assert rollout.finish_info().train_iter == source.reads
 
@@ -266,7 +277,7 @@ def test_failed_reload_keeps_the_current_policy() -> None:
     )
 
     assert source.reads > 3  # reloads were attempted
-    assert {m["policy_iter"] for _, _, m in sink.chunks} == {1}
+    assert {m["policy_iter"] for _, m in sink.chunks} == {1}
     assert rollout.finish_info().collector_done is True
 
 
@@ -360,21 +371,21 @@ def test_a_rollout_runs_only_once() -> None:
 
 
 def test_caller_owned_envs_continue_their_episodes_across_tasks() -> None:
-    spec = make_spec(env_num=1, n_sample=3)
-    envs = EnvBatch("CartPole-v1", 1, seed=0)
+    spec = make_spec(env_num=2, n_sample=3)
+    envs = VecEnvBatch("CartPole-v1", 2, seed=0)
     try:
         _, first = run(spec, envs=envs)
-        last_obs = first.chunks[-1][1]["next_obs"][-1]
+        last_obs = first.chunks[-1][0]["next_obs"][-1]
 
         _, second = run(spec, envs=envs)
 
-        np.testing.assert_array_equal(second.chunks[0][1]["obs"][0], last_obs)
+        np.testing.assert_array_equal(second.chunks[0][0]["obs"][0], last_obs)
     finally:
         envs.close()
 
 
 def test_caller_owned_envs_must_match_the_task() -> None:
-    envs = EnvBatch("CartPole-v1", 2)
+    envs = VecEnvBatch("CartPole-v1", 2)
     try:
         with pytest.raises(ValueError, match="the task wants 3"):
             Rollout(make_spec(env_num=3, n_episode=1), RecordingSink(), stop=threading.Event(), envs=envs)
@@ -387,6 +398,6 @@ def test_seeded_tasks_are_reproducible() -> None:
     _, b = run(make_spec(env_num=2, n_sample=30))
 
     assert len(a.chunks) == len(b.chunks)
-    for (_, sa, _), (_, sb, _) in zip(a.chunks, b.chunks, strict=True):
+    for (sa, _), (sb, _) in zip(a.chunks, b.chunks, strict=True):
         for key in sa:
             np.testing.assert_array_equal(sa[key], sb[key])

@@ -214,7 +214,7 @@ def test_a_torch_pickle_where_step_data_belongs_is_corrupt(store: StepStore) -> 
     [
         ({"kind": "warren.policy"}, "kind"),
         ({"kind": None}, "kind"),
-        ({"schema": 2}, "schema"),
+        ({"schema": 1}, "schema"),
         ({"data_id": "other"}, "data_id"),
         ({"count": 3}, "shape"),
         ({"count": 0}, "count"),

@@ -21,13 +21,13 @@ def test_the_in_process_example_trains_at_the_replay_ratio(capsys: pytest.Captur
     sys.modules["train_inprocess"] = example
     spec.loader.exec_module(example)
     # Given a small budget and a target no policy reaches, when the example runs one seed
-    example.main(["--seeds", "3", "--max-steps", "1500", "--eval-every", "500", "--target", "1e9"])
+    example.main(["--seeds", "3", "--max-steps", "8000", "--eval-every", "4000", "--target", "1e9"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # Then it collected the budget, evaluated along the way, and trained at the replay ratio
     # once the buffer held learning_starts transitions
     defaults = LearnerSpec()
     assert result["seed"] == 3 and not result["solved"]
-    assert result["env_steps"] >= 1500
+    assert result["env_steps"] >= 8000
     assert len(result["evals"]) >= 2
     ratio = defaults.train_steps_per_sample
     assert (result["env_steps"] - defaults.learning_starts) * ratio <= result["train_iter"] + 1

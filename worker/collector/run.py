@@ -12,17 +12,26 @@ import logging
 import threading
 import time
 
-from messaging import BrokerLink, CodecError, MessagingError, MetadataPublisher, QueueDecl, Settings, StreamStopped
+from messaging import (
+    CodecError,
+    ConfirmedPublisher,
+    MessagingError,
+    MetadataPublisher,
+    QueueDecl,
+    Settings,
+    StreamStopped,
+)
 from worker.collector.sink import BrokerSink
 from worker.errors import WarrenError
 from worker.protocol import FinishInfo, InfoItem, StartTask
-from worker.rl.envs import EnvBatch
+from worker.rl.envs import VecEnvBatch
 from worker.rl.rollout import Rollout
 from worker.storage import FileStamp, PolicySnapshot, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
 
-#: How long the last info of a failed or aborted task waits for room in a full metadata queue.
+#: How long the last info of a failed or aborted task, and the data before it, wait for the
+#: broker's confirms (for room in a full metadata queue).
 FINAL_INFO_WAIT_S = 5.0
 
 
@@ -63,7 +72,7 @@ class CollectorRun:
         policies: PolicyStore,
         policy_wait_s: float,
         stall_timeout_s: float,
-        envs: EnvBatch | None = None,
+        envs: VecEnvBatch | None = None,
     ) -> None:
         self.start_task = start
         self.metadata = metadata
@@ -81,6 +90,7 @@ class CollectorRun:
         self._policy_wait_s = policy_wait_s
         self._envs = envs
         self._rollout: Rollout | None = None
+        self._sink: BrokerSink | None = None
         self._aborted = False
         self._thread = threading.Thread(target=self._main, name=f"collector-{start.task_id}", daemon=True)
 
@@ -104,6 +114,10 @@ class CollectorRun:
         self._aborted = True
         self.close(timeout_s)
 
+    def written(self) -> list[str]:
+        """Data ids of the step files the task wrote (so that a cancelled task can remove them)."""
+        return list(self._sink.written) if self._sink is not None else []
+
     def finish_info(self) -> FinishInfo:
         if self._rollout is not None:
             info = self._rollout.finish_info()
@@ -119,14 +133,16 @@ class CollectorRun:
                 samples=0,
                 returns=[],
             )
-        return dataclasses.replace(info, error=self.error, task_id=self.task_id)
+        # A failed task is over (its final info says collector_done: true); an aborted one is not.
+        done = info.collector_done or (self.error is not None and not self._aborted)
+        return dataclasses.replace(info, collector_done=done, error=self.error, task_id=self.task_id)
 
     # -- the task thread ------------------------------------------------------------
 
     def _main(self) -> None:
-        link = BrokerLink(self._transport, self._role)
+        confirmed = ConfirmedPublisher(self._transport, self._role, stall_timeout_s=self._stall_timeout_s)
         try:
-            publisher = MetadataPublisher(link, self.metadata, stop=self.stop, stall_timeout_s=self._stall_timeout_s)
+            publisher = MetadataPublisher(confirmed.open(), self.metadata, stop=self.stop)
             self._collect(publisher)
             if self._aborted:
                 self._final_info(publisher, aborted=True)
@@ -137,13 +153,14 @@ class CollectorRun:
             self.orphaned = True
             logger.error("task %s lost its broker link: %s", self.task_id, exc.message)
         finally:
-            link.close()
+            confirmed.close(FINAL_INFO_WAIT_S)
             self.finished_at = time.monotonic()
             self.finished.set()
 
     def _collect(self, publisher: MetadataPublisher) -> None:
         start = self.start_task
         sink = BrokerSink(self._steps, publisher, task_id=start.task_id, buffer_id=start.buffer_id)
+        self._sink = sink
         source = None
         if start.cfg.policy_update_path is not None:
             source = FilePolicySource(self._policies, start.cfg.policy_update_path)
@@ -203,9 +220,12 @@ class CollectorRun:
             aborted=aborted,
         )
         # The run's stop switch is set by now; the final info gets its own, bounded patience
-        # for room in the queue (a coordinator reading the stream makes room within moments).
-        final = MetadataPublisher(publisher.link, self.metadata, stall_timeout_s=FINAL_INFO_WAIT_S)
+        # (a coordinator reading the stream makes room within moments): first for the data
+        # before it, which it must not overtake, then for itself.
+        deadline = time.monotonic() + FINAL_INFO_WAIT_S
         try:
-            final.publish(message.to_wire(), headers={"kind": "info"})
+            publisher.publisher.flush(FINAL_INFO_WAIT_S)
+            publisher.publish(message.to_wire(), headers={"kind": "info"})
+            publisher.publisher.flush(max(0.0, deadline - time.monotonic()))
         except (StreamStopped, MessagingError) as exc:
             logger.warning("task %s: final info not published: %s", self.task_id, exc)

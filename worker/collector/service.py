@@ -5,7 +5,7 @@ Two queues feed it:
 * ``<prefix>.collector.tasks``, shared by every worker: ``resource`` and
   ``collector_start_task``. An idle worker consumes it; a busy one pauses its consumer,
   so start tasks go to the idle workers. Scaling out is starting more workers.
-* ``<prefix>.collector.control.<worker_id>``, the worker's own (exclusive) queue:
+* ``<prefix>.collector.control.<worker_id>``, the worker's own (auto-delete) queue:
   ``collector_data_task`` and ``collector_close_task`` about the collector it runs, and
   ``resource``. It disappears with the worker's connection, so a coordinator sending to
   a dead worker gets an immediate routing error instead of a long timeout.
@@ -13,6 +13,7 @@ Two queues feed it:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -21,12 +22,12 @@ from typing import Any
 
 import torch
 
-from messaging import DecodeError, Names, Reply, Request, RpcServer, decode
+from messaging import BrokerLink, DecodeError, MessagingError, Names, Reply, Request, RpcServer, decode
 from worker.collector.run import CollectorRun
 from worker.config import CollectorConfig
-from worker.errors import UnsafePath, WarrenError
+from worker.errors import StorageError, UnsafePath, WarrenError
 from worker.protocol import FinishInfo, Refusal, ResourceReply, StartReply, StartTask, TaskName, task_name
-from worker.rl.envs import EnvBatch, make_env
+from worker.rl.envs import VecEnvBatch, make_env
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class CollectorWorker:
         self.control_queue = self.names.collector_control(config.worker_id)
         self._lock = threading.Lock()
         self._run: CollectorRun | None = None
-        self._envs: EnvBatch | None = None
+        self._envs: VecEnvBatch | None = None
         self.tasks_started = 0
 
     # -- lifecycle ------------------------------------------------------------------
@@ -159,8 +160,9 @@ class CollectorWorker:
                     f"worker {self.config.worker_id} is busy with task {self._run.task_id}", task_id=self._run.task_id
                 )
             envs = self._envs_for(start)  # may refuse the task (unknown env id): before pausing
-            # Declared before replying, so the coordinator can read the stream at once.
-            request.link.declare(decl)
+            # Declared before replying, so the coordinator can read the stream at once. Once:
+            # the task's own publisher keeps it declared while the task runs.
+            request.link.declare(decl, remember=False)
             # Pausing is ordered before this request's ack: no second start task slips in.
             self.server.pause(self.names.collector_tasks)
             run = CollectorRun(
@@ -186,7 +188,7 @@ class CollectorWorker:
         )
         reply = StartReply(self.config.worker_id, start.task_id, self.control_queue, decl.name)
         # Nobody heard that we started: do not keep a task that no coordinator will close.
-        return Reply(reply.to_wire(), on_failed=lambda: self._abandon(run))
+        return Reply(reply.to_wire(), on_failed=lambda: self._abandon(run, request.link))
 
     def _check_policy_path(self, start: StartTask) -> None:
         if start.cfg.policy_update_path is None:
@@ -196,7 +198,7 @@ class CollectorWorker:
         except UnsafePath as exc:
             raise Refusal.UNSAFE_PATH.error(f"refused policy_update_path: {exc.message}") from None
 
-    def _envs_for(self, start: StartTask) -> EnvBatch | None:
+    def _envs_for(self, start: StartTask) -> VecEnvBatch | None:
         spec = start.cfg
         if spec.eval_flag:
             # Eval tasks measure fresh episodes on their own envs; check the env now all the same
@@ -208,7 +210,7 @@ class CollectorWorker:
             envs.close()
             envs = None
         if envs is None:
-            envs = EnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
+            envs = VecEnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
         self._envs = envs
         return envs
 
@@ -246,9 +248,17 @@ class CollectorWorker:
         logger.info("closed task %s", run.task_id)
         return finish_info.to_wire()
 
-    def _abandon(self, run: CollectorRun) -> None:
+    def _abandon(self, run: CollectorRun, link: BrokerLink) -> None:
+        """Nobody heard that the task started (its caller left): stop it and remove what it made."""
         logger.warning("the start reply of task %s was not delivered: stopping the task", run.task_id)
         self._release(run)
+        written = run.written()
+        for data_id in written:
+            with contextlib.suppress(StorageError):
+                self.steps.delete(data_id)
+        with contextlib.suppress(MessagingError):
+            link.delete_queue(run.metadata.name)
+        logger.info("removed task %s's metadata queue and its %d step files", run.task_id, len(written))
 
     def _release(self, run: CollectorRun) -> FinishInfo:
         finish_info = run.close(self.config.stop_grace_s)
@@ -265,11 +275,12 @@ def run_collector(config: CollectorConfig, stop: threading.Event) -> int:
     try:
         worker.start()
     except WarrenError as exc:
-        logger.critical("cannot start: %s", exc.message)
+        # The RPC server has said why already, when it was the broker; say what it means.
+        logger.critical("worker %s cannot start: %s", config.worker_id, exc.message)
         return 1
     while not stop.wait(1.0):
         if not worker.server.running:
-            logger.critical("the RPC server died: %s", worker.server.error)
+            logger.critical("worker %s stops: it lost its task queues for good", config.worker_id)
             worker.stop()
             return 1
         worker.tick()

@@ -10,10 +10,21 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from messaging import BrokerLink, MetadataConsumer, MetadataItem, QueueDecl, RpcClient, Settings
+from messaging import (
+    BrokerConnectionError,
+    BrokerLink,
+    ConfirmedPublisher,
+    MetadataConsumer,
+    MetadataItem,
+    QueueDecl,
+    RpcClient,
+    Settings,
+)
 
 #: Stream items a task's reader holds unacked (the coordinator acks each once handled).
 STREAM_PREFETCH = 64
+#: Forwarded data messages the relay may have unconfirmed before a forward waits.
+RELAY_WINDOW = 256
 
 
 class MetadataStream(Protocol):
@@ -35,11 +46,14 @@ class CoordinatorBus(Protocol):
         """Connect and declare the queues the coordinator relies on."""
         ...
 
-    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
         """Publish a request (expiring after ``timeout_s``); returns its correlation id.
 
+        ``durable``: persistent and confirmed, so it survives a broker restart in its queue.
+
         Raises:
-            QueueNotFound: nobody serves ``queue`` (a dead worker's control queue).
+            QueueNotFound: nobody serves ``queue`` (a dead worker's control queue); for a
+                request that is not durable, :meth:`poll` raises it instead.
         """
         ...
 
@@ -48,6 +62,7 @@ class CoordinatorBus(Protocol):
 
         Raises:
             RemoteError: the worker refused the request.
+            QueueNotFound: the request came back: nobody serves its queue.
         """
         ...
 
@@ -64,7 +79,15 @@ class CoordinatorBus(Protocol):
         ...
 
     def forward(self, queue: str, body: bytes) -> None:
-        """Publish ``body`` persistently to ``queue`` and wait for the broker's confirm."""
+        """Publish ``body`` persistently to ``queue``, without waiting for the broker's confirm."""
+        ...
+
+    def confirm_forwarded(self, timeout_s: float) -> None:
+        """Wait until the broker confirmed everything forwarded so far.
+
+        Raises:
+            MessagingError: not confirmed in time, or the publisher failed.
+        """
         ...
 
     def consumers(self, queue: str) -> int:
@@ -91,19 +114,31 @@ class CoordinatorBus(Protocol):
 
 
 class BrokerBus:
-    """:class:`CoordinatorBus` on one broker link of the coordinator's thread."""
+    """:class:`CoordinatorBus` on one broker link of the coordinator's thread, plus a relay.
+
+    The relay to the learner's queue is a :class:`~messaging.ConfirmedPublisher` (its own
+    connection and thread): forwarding returns at once, and one wait per loop turn
+    collects the confirms of everything forwarded in it.
+    """
 
     def __init__(self, settings: Settings, role: str = "coordinator") -> None:
+        self.settings = settings
+        self.role = role
         self.link = BrokerLink(settings, role)
         self.client = RpcClient(settings, role, link=self.link)
+        self.relay = self._new_relay()
+
+    def _new_relay(self) -> ConfirmedPublisher:
+        return ConfirmedPublisher(self.settings, f"{self.role}-relay", window=RELAY_WINDOW)
 
     def open(self, *decls: QueueDecl) -> None:
         self.link.open()
         for decl in decls:
             self.link.declare(decl)
+        self.relay.open()
 
-    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float) -> str:
-        return self.client.send(queue, body, timeout_s=timeout_s)
+    def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
+        return self.client.send(queue, body, timeout_s=timeout_s, durable=durable)
 
     def poll(self, correlation_id: str) -> dict[str, Any] | None:
         return self.client.poll(correlation_id)
@@ -115,7 +150,25 @@ class BrokerBus:
         return MetadataConsumer(self.link, queue, prefetch=STREAM_PREFETCH)
 
     def forward(self, queue: str, body: bytes) -> None:
-        self.link.publish(queue, body, persistent=True)
+        try:
+            self.relay.publish(queue, body, persistent=True)
+        except BrokerConnectionError:
+            self._replace_relay()
+            raise
+
+    def confirm_forwarded(self, timeout_s: float) -> None:
+        try:
+            self.relay.flush(timeout_s)
+        except BrokerConnectionError:
+            self._replace_relay()
+            raise
+
+    def _replace_relay(self) -> None:
+        # A publisher that lost the broker for longer than its reconnect budget stays failed:
+        # start a fresh one for the next turn (the unconfirmed items go back to their streams).
+        self.relay.close(timeout_s=0.0)
+        self.relay = self._new_relay()
+        self.relay.open()
 
     def consumers(self, queue: str) -> int:
         return self.link.queue_consumers(queue) or 0
@@ -133,5 +186,6 @@ class BrokerBus:
         self.link.process_events(seconds)
 
     def close(self) -> None:
+        self.relay.close()
         self.client.close()
         self.link.close()

@@ -2,8 +2,8 @@
 
 :class:`TaskDriver` never blocks for long: requests are sent without waiting and their
 replies polled, streams are read with a zero timeout, and every request has a deadline.
-A worker that dies mid-task is noticed by its control queue vanishing (it is exclusive
-to the worker's connection) or by its silence; what it had already published is kept,
+A worker that dies mid-task is noticed by its control queue vanishing (auto-delete, and
+consumed only by the worker's connection) or by its silence; what it had already published is kept,
 and the task's slot is filled again by the coordinator's scheduling.
 """
 
@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 START_GRACE_S = 5.0
 #: How long the metadata left by a lost worker may take to read.
 DRAIN_S = 5.0
+#: How long the broker may take to confirm a turn's forwarded data.
+CONFIRM_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Timeouts:
 
 Completed = Callable[[Task, FinishInfo | None], None]
 """Called once per finished task with its close reply (``None`` when the worker never gave one)."""
+Refused = Callable[[Task, Refusal | None, str], None]
+"""Called when a worker refuses a start request: the refusal's code (if known) and its message."""
 
 
 class TaskDriver:
@@ -68,6 +72,7 @@ class TaskDriver:
         on_running: called when a task's start reply arrived (the coordinator checkpoints then).
         on_completed: called once per finished task.
         on_dropped: called once per task given up, with whether it is to be run again.
+        on_refused: called when a worker refuses a start request.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class TaskDriver:
         on_running: Callable[[Task], None],
         on_completed: Completed,
         on_dropped: Callable[[Task, bool], None],
+        on_refused: Refused,
     ) -> None:
         self.bus = bus
         self.stats = stats
@@ -92,8 +98,11 @@ class TaskDriver:
         self.on_running = on_running
         self.on_completed = on_completed
         self.on_dropped = on_dropped
+        self.on_refused = on_refused
         self.tasks: dict[str, Task] = {}
         self.seq = 0
+        self._forwarded: list[MetadataItem] = []
+        """Data items sent on to the learner, acked once the broker confirmed the copies."""
 
     # -- starting -------------------------------------------------------------------
 
@@ -110,7 +119,8 @@ class TaskDriver:
         assert task.start is not None
         timeout = self.timeouts.start_s
         task.state = State.STARTING
-        task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout)
+        # Durable: a start request waiting in the task queue survives a broker restart.
+        task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout, durable=True)
         # The request expires in the queue after ``timeout``; a worker that took it just in
         # time still gets to answer during the grace period.
         task.deadline = time.monotonic() + timeout + self.timeouts.start_grace_s
@@ -132,13 +142,37 @@ class TaskDriver:
 
     def advance_all(self) -> None:
         """One turn for every task; a task whose request fails is logged and retried next turn."""
-        for task in list(self.tasks.values()):
-            try:
-                self.advance(task)
-            except BrokerConnectionError:
-                raise
-            except MessagingError as exc:
-                logger.warning("task %s: %s", task.task_id, exc.message)
+        try:
+            for task in list(self.tasks.values()):
+                try:
+                    self.advance(task)
+                except BrokerConnectionError:
+                    raise
+                except MessagingError as exc:
+                    logger.warning("task %s: %s", task.task_id, exc.message)
+        finally:
+            self.settle_forwarded()
+
+    def settle_forwarded(self) -> None:
+        """Ack the stream items whose copies the learner's queue confirmed.
+
+        One wait per turn for all the data forwarded in it, instead of one confirm per
+        item. The learner's copy is confirmed before the stream's is acked, so nothing is
+        lost if the coordinator dies in between (the learner may see an item twice and
+        recognises it by its ``data_id``); if the confirm fails, the items go back to
+        their streams and are forwarded again.
+        """
+        if not self._forwarded:
+            return
+        items, self._forwarded = self._forwarded, []
+        try:
+            self.bus.confirm_forwarded(CONFIRM_S)
+        except MessagingError:
+            for item in items:
+                item.requeue()
+            raise
+        for item in items:
+            item.ack()
 
     def advance(self, task: Task) -> None:
         """One step of ``task``'s life: poll its start, read its stream, close it when done."""
@@ -160,8 +194,9 @@ class TaskDriver:
         try:
             result = self.bus.poll(task.correlation_id)
         except RemoteError as exc:
-            logger.error("task %s refused: %s %s", task.task_id, exc.message, exc.result)
-            self.drop(task, rerun=Refusal.of(exc.result) is Refusal.WORKER_BUSY)
+            refusal = Refusal.of(exc.result)
+            self.drop(task, rerun=refusal is Refusal.WORKER_BUSY)
+            self.on_refused(task, refusal, exc.message)
             return
         if result is None:
             if time.monotonic() > task.deadline:
@@ -186,6 +221,8 @@ class TaskDriver:
         self.stats.workers.add(reply.worker_id)
         logger.debug("task %s running on %s", task.task_id, task.worker_id)
         self.on_running(task)
+        if task.cancelled:
+            self.send_close(task)
 
     def read(self, task: Task) -> None:
         """Handle every metadata item that has arrived for ``task``."""
@@ -202,10 +239,12 @@ class TaskDriver:
             item.delivery.nack(requeue=False)
             return
         if isinstance(metadata, DataItem):
-            # The learner's copy is confirmed before the stream's is acked: nothing is lost
-            # if we die in between (the learner may see it twice, and skips a vanished file).
             self.bus.forward(self.learner_queue, item.delivery.envelope.body)
-            self.stats.samples += metadata.unroll_len
+            self._forwarded.append(item)  # acked by settle_forwarded
+            task.samples += metadata.sample_count
+            if self.stats.first_data_at is None:
+                self.stats.first_data_at = time.monotonic()
+            self.stats.samples += metadata.sample_count
             self.stats.data_items += 1
             self.stats.policy_iter = max(self.stats.policy_iter, metadata.policy_iter)
         else:
@@ -222,7 +261,8 @@ class TaskDriver:
             steps, episodes = task.count(metadata.cur_step, metadata.cur_episode)
             self.stats.env_steps += steps
             self.stats.episodes += episodes
-        item.ack()
+        if not isinstance(metadata, DataItem):
+            item.ack()
 
     # -- closing --------------------------------------------------------------------
 
@@ -244,6 +284,10 @@ class TaskDriver:
         assert task.correlation_id is not None
         try:
             result = self.bus.poll(task.correlation_id)
+        except QueueNotFound:
+            logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)
+            self.complete(task, None)
+            return
         except RemoteError as exc:
             logger.warning("closing task %s: %s", task.task_id, exc.message)
             self.complete(task, None)
@@ -266,6 +310,7 @@ class TaskDriver:
         if self.tasks.pop(task.task_id, None) is None:
             return  # already completed or dropped (e.g. its worker aborted meanwhile)
         self.read(task)
+        self.settle_forwarded()  # before its queue goes: what was read must be safe with the learner
         self._release(task)
         self.stats.tasks_done += 1
         self.on_completed(task, finish)
@@ -320,6 +365,7 @@ class TaskDriver:
         """Forget a task that will not complete; ``rerun`` counts it as one to run again."""
         if self.tasks.pop(task.task_id, None) is None:
             return  # already dropped or completed
+        self.settle_forwarded()
         self._release(task)
         if rerun:
             self.stats.tasks_rerun += 1
@@ -339,7 +385,7 @@ class TaskDriver:
     # -- shutdown -------------------------------------------------------------------
 
     def close_all(self) -> None:
-        """Ask every running task to close; give up on the ones not started yet."""
+        """Ask every running task to close, and every starting one to close once it started."""
         for task in list(self.tasks.values()):
             if task.state is State.RUNNING:
                 try:
@@ -347,9 +393,9 @@ class TaskDriver:
                 except MessagingError as exc:
                     logger.warning("cannot close task %s (%s); leaving it", task.task_id, exc.message)
                     self.drop(task, rerun=False)
-            elif task.state is State.STARTING and task.correlation_id is not None:
-                self.bus.abandon(task.correlation_id)
-                self.tasks.pop(task.task_id, None)
+            elif task.state is State.STARTING:
+                # A worker may take the request yet: close the task once it says it started.
+                task.cancelled = True
 
     def workers_alive(self) -> int:
         return len({t.worker_id for t in self.tasks.values() if t.worker_id is not None})

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.live import Live
+from rich.segment import Segment
+from rich.text import Text
 
 from worker.coordinator.stats import RunStats
 
@@ -16,12 +22,81 @@ def _clock(seconds: float) -> str:
     return f"{minutes:02d}:{secs:02d}"
 
 
+def status_text(stats: RunStats, workers: str, *, final: bool = False) -> str:
+    """The status line: counters, rates and ``workers`` (already worded: now, or seen).
+
+    ``final``: the run is over, so nothing is held back any more.
+    """
+    eval_text = f"{stats.last_eval:.1f}" if stats.last_eval is not None else "-"
+    return (
+        f"{_clock(stats.elapsed())} | env steps {stats.env_steps:,} | {stats.steps_per_s():,.0f} steps/s"
+        f" | samples {stats.samples:,} | episodes {stats.episodes:,} | eval {eval_text}"
+        f" | {workers} | policy iter {stats.policy_iter:,} | ratio {stats.replay_ratio():.3f}"
+        + (" | held: learner behind" if stats.held_back and not final else "")
+    )
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """The one-line outcome of a run, from :meth:`Coordinator.summary`."""
+    outcome = "reached" if summary["success"] else "did NOT reach"
+    best = summary["best_eval"]
+    best_text = f"best eval return {best:.1f}" if best is not None else "no eval finished"
+    return (
+        f"run {outcome} the stop value {summary['stop_value']} ({summary['reason']}): "
+        f"{best_text}, {summary['env_steps']:,} env steps, "
+        f"{summary['wall_time_s']:.0f} s, {summary['tasks_done']} tasks ({summary['tasks_rerun']} re-run), "
+        f"{len(summary['workers_seen'])} workers, policy iter {summary['policy_iter']:,}, "
+        f"replay ratio {summary['replay_ratio']:.3f} (configured {summary['replay_ratio_configured']})"
+    )
+
+
+class _AsItIs:
+    """One line of text for rich to print as it is: no wrapping, no markup, no highlighting."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Segment(self.text)
+        yield Segment.line()
+
+
+class _AboveTheStatusLine:
+    """A text stream for log handlers that prints each line above the live status line.
+
+    rich's console knows where its live display is: what it prints goes above it and the
+    display is redrawn below, so a log line never lands on the status line's row.
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            # As it is, not wrapped by rich (the terminal wraps it), so a long log line copies
+            # out as one line. Not print(soft_wrap=True): the status line redrawn by the same
+            # print would be cropped to one row too.
+            self.console.print(_AsItIs(line), crop=False)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 class Progress:
     """A status line redrawn in place on a terminal, or a log line every few seconds elsewhere.
+
+    On a terminal the status line is a rich live display, and while it is up, the log
+    handlers writing to the same stream print through it (above the line), so log lines
+    and the status line never share a row.
 
     Args:
         mode: ``"line"`` (redraw in place), ``"log"`` (one line every ``every_s``),
             ``"off"``, or ``"auto"`` (line on a terminal, log otherwise).
+        stream: where to write (stderr by default).
     """
 
     def __init__(self, mode: str = "auto", *, stream: IO[str] | None = None, every_s: float = 5.0) -> None:
@@ -31,37 +106,63 @@ class Progress:
         self.mode = mode
         self.every_s = every_s if mode == "log" else 0.5
         self._last = 0.0
+        self._stats: RunStats | None = None
+        self._live: Live | None = None
+        self._rerouted: list[tuple[logging.StreamHandler[Any], Any]] = []
 
     def update(self, stats: RunStats, workers_alive: int, *, force: bool = False) -> None:
+        """Show ``stats`` (at most every ``every_s``, unless ``force``); ``workers_alive``: of running tasks."""
+        self._stats = stats
         now = time.monotonic()
         if self.mode == "off" or (not force and now - self._last < self.every_s):
             return
         self._last = now
-        eval_text = f"{stats.last_eval:.1f}" if stats.last_eval is not None else "-"
-        text = (
-            f"{_clock(stats.elapsed())} | env steps {stats.env_steps:,} | {stats.steps_per_s():,.0f} steps/s"
-            f" | samples {stats.samples:,} | episodes {stats.episodes:,} | eval {eval_text}"
-            f" | workers {workers_alive} | policy iter {stats.policy_iter:,}"
-        )
-        if self.mode == "line":
-            self.stream.write("\r\x1b[2K" + text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+        self._show(status_text(stats, f"workers {workers_alive}"))
 
     def finish(self, summary: dict[str, Any]) -> None:
+        """The last status line (with the workers seen over the run: none runs a task any more), the summary."""
         if self.mode == "off":
             return
-        if self.mode == "line":
-            self.stream.write("\n")
-        outcome = "reached" if summary["success"] else "did NOT reach"
-        self.stream.write(
-            f"run {outcome} the stop value {summary['stop_value']} ({summary['reason']}): "
-            f"best eval return {summary['best_eval']}, {summary['env_steps']:,} env steps, "
-            f"{summary['wall_time_s']:.0f} s, {summary['tasks_done']} tasks ({summary['tasks_rerun']} re-run), "
-            f"policy iter {summary['policy_iter']:,}\n"
-        )
+        if self._stats is not None:
+            self._show(status_text(self._stats, f"workers seen {len(summary['workers_seen'])}", final=True))
+        self.close()
+        self.stream.write(summary_text(summary) + "\n")
         self.stream.flush()
+
+    def close(self) -> None:
+        """Take the live display down and give the log handlers their stream back (idempotent)."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        for handler, stream in self._rerouted:
+            handler.setStream(stream)
+        self._rerouted = []
+
+    def _show(self, text: str) -> None:
+        if self.mode == "log":
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            return
+        if self._live is None:
+            self._live = self._start_live()
+        self._live.update(Text(text), refresh=True)
+
+    def _start_live(self) -> Live:
+        # force_terminal: "line" may be asked for on a stream that is not a terminal.
+        console = Console(file=self.stream, force_terminal=True, highlight=False)
+        live = Live(
+            console=console,
+            auto_refresh=False,  # redrawn by update(), twice a second at most
+            redirect_stdout=False,  # stdout may be a file (the summary JSON): never move it to stderr
+            # Stray writes to stderr (warnings) go above the line too, when stderr is the stream.
+            redirect_stderr=self.stream is sys.stderr,
+        )
+        live.start()
+        writer = _AboveTheStatusLine(console)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is self.stream:
+                self._rerouted.append((handler, handler.setStream(writer)))
+        return live
 
 
 class RunLog:

@@ -26,6 +26,11 @@ class RunStats:
     last_eval: float | None = None
     best_eval: float | None = None
     policy_iter: int = 0
+    """Newest learner iteration seen (in data metadata and eval results)."""
+    first_data_at: float | None = None
+    """When the first data item arrived (monotonic): collection time is counted from there."""
+    held_back: bool = False
+    """Collect tasks are being held back: the learner is behind (see the coordinator's rate limit)."""
     workers: set[str] = field(default_factory=set)
     rate_window: list[tuple[float, int]] = field(default_factory=list)
 
@@ -40,6 +45,14 @@ class RunStats:
             self.rate_window.pop(0)
         (t0, s0), (t1, s1) = self.rate_window[0], self.rate_window[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def collection_s(self) -> float:
+        """Seconds since the first data item arrived (0 before)."""
+        return time.monotonic() - self.first_data_at if self.first_data_at is not None else 0.0
+
+    def replay_ratio(self) -> float:
+        """Train steps per collected sample so far, as far as the learner's iteration is known."""
+        return self.policy_iter / self.samples if self.samples else 0.0
 
     def record_eval(self, reward: float) -> None:
         self.evals += 1

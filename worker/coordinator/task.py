@@ -45,12 +45,16 @@ class Task:
     stream: MetadataStream | None = None
     last_heard: float = field(default_factory=time.monotonic)
     last_info: InfoItem | None = None
+    samples: int = 0
+    """Samples of the data items forwarded so far."""
     steps_counted: int = 0
     episodes_counted: int = 0
     done: bool = False
     """The worker said ``collector_done``: close it."""
     misses: int = 0
     """Liveness checks in a row that found the worker's control queue gone."""
+    cancelled: bool = False
+    """The run is ending: close the task as soon as it has started."""
 
     def count(self, cur_step: int, cur_episode: int) -> tuple[int, int]:
         """New env steps and episodes since the last counters seen (they only grow; redeliveries add nothing)."""

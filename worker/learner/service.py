@@ -6,6 +6,10 @@ for a missing or corrupt file), adds its samples to a replay buffer, acks the me
 and deletes the file it no longer needs. Between messages it trains at the configured
 replay ratio, and publishes ``{model, iter}`` to the policy file atomically, under the
 same lock the collectors read with, at most every ``policy_write_interval_s``.
+
+The train step is the job's bottleneck (collection is paced to the replay ratio), so it
+runs :class:`worker.rl.fast_dqn.NumpyDQNLearner`, the numpy twin of the torch reference
+``DQNLearner``, on numpy batches from :meth:`ReplayBuffer.sample_arrays`.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from messaging import BrokerConnectionError, BrokerLink, MetadataConsumer, Metad
 from worker.config import LearnerConfig
 from worker.errors import MissingFile, StorageError, TaskError
 from worker.protocol import DataItem, read_metadata
-from worker.rl.dqn import DQNLearner, ReplayBuffer
+from worker.rl.dqn import ReplayBuffer
 from worker.rl.envs import make_env
+from worker.rl.fast_dqn import NumpyDQNLearner
 from worker.rl.policy import limit_torch_threads
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
@@ -33,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 #: Messages taken from the queue per loop turn before training resumes.
 _MAX_BATCH = 64
+#: Data metadata the broker hands the learner ahead of its acks. Small on purpose: what the
+#: learner has not taken yet stays visible as the queue's depth, which is how the
+#: coordinator sees that the learner is behind and holds the collectors back.
+_PREFETCH = 1
 #: data_ids remembered to skip redeliveries of data already learned from.
 _RECENT_IDS = 100_000
 
@@ -62,7 +71,7 @@ class Learner:
         obs_dim, n_actions = _env_dims(self.job.env.id)
         spec = self.job.learner
         self.buffer = ReplayBuffer(spec.replay_capacity, obs_dim, n_actions=n_actions)
-        self.learner = DQNLearner(spec, obs_dim, n_actions, seed=self.job.env.seed)
+        self.learner = NumpyDQNLearner(spec, obs_dim, n_actions, seed=self.job.env.seed)
         self.rng = np.random.default_rng(self.job.env.seed)
         self.stats = LearnerStats()
         self._train_credit = 0.0
@@ -80,13 +89,15 @@ class Learner:
             if swept:
                 logger.info("removed %d temp files that crashed writers left behind", swept)
             self._resume_or_start()
-            consumer = MetadataConsumer(link, queue_decl.name, prefetch=_MAX_BATCH)
+            consumer = MetadataConsumer(link, queue_decl.name, prefetch=_PREFETCH)
             logger.info("learning from %s, writing %s", queue_decl.name, self.policies.path(self._policy_name))
             last_report = time.monotonic()
             while not self.stop.is_set():
-                wait = 0.0 if self._can_train() else 0.2
                 try:
-                    self._take(consumer, wait)
+                    if self._can_train():
+                        link.process_events(0.0)  # heartbeats; the data waits until training caught up
+                    else:
+                        self._take(consumer, 0.2)
                 except BrokerConnectionError as exc:
                     # The link reconnects by itself on its next use; keep training meanwhile.
                     logger.error("broker unavailable: %s", exc.message)
@@ -113,12 +124,10 @@ class Learner:
             snapshot = None
         if snapshot is not None:
             try:
-                self.learner.q_net.load_state_dict(snapshot.state_dict)
-                self.learner.target_net.load_state_dict(snapshot.state_dict)
-                self.learner.iter = snapshot.iter
+                self.learner.load_policy(snapshot.state_dict, snapshot.iter)
                 logger.info("resumed from policy iter %d", snapshot.iter)
                 return
-            except (RuntimeError, ValueError) as exc:
+            except ValueError as exc:
                 logger.warning("policy file does not fit this network (%s); starting fresh", exc)
         self._write_policy()  # iteration 0, so collectors can start before any training
 
@@ -127,12 +136,16 @@ class Learner:
         return self.job.coordinator.policy_name
 
     def _take(self, consumer: MetadataConsumer, wait_s: float) -> None:
+        """Take data until there is training to do: the replay ratio is kept by never
+        ingesting more than the learner has trained on (credit below one step)."""
         for _ in range(_MAX_BATCH):
             item = consumer.get(wait_s)
             if item is None:
                 return
             wait_s = 0.0
             self._ingest(item)
+            if self._can_train():
+                return
 
     def _ingest(self, item: MetadataItem) -> None:
         try:
@@ -186,7 +199,7 @@ class Learner:
         # Train in short bursts so new data keeps flowing in between.
         burst = 0
         while self._can_train() and burst < 32 and not self.stop.is_set():
-            batch = self.buffer.sample(self.job.learner.batch_size, self.rng)
+            batch = self.buffer.sample_arrays(self.job.learner.batch_size, self.rng)
             metrics = self.learner.train_step(batch)
             self.stats.last_loss = metrics["loss"]
             self.stats.train_steps += 1
@@ -203,11 +216,14 @@ class Learner:
     def _report(self) -> None:
         s = self.stats
         logger.info(
-            "iter %d | buffer %d | samples %d from %d files | loss %.4f | skipped %d missing, %d corrupt",
+            "iter %d | buffer %d | samples %d from %d files | replay ratio %.3f (configured %.3f) | loss %.4f"
+            " | skipped %d missing, %d corrupt",
             self.learner.iter,
             len(self.buffer),
             s.samples,
             s.items,
+            s.train_steps / s.samples if s.samples else 0.0,
+            self.job.learner.train_steps_per_sample,
             s.last_loss,
             s.missing_files,
             s.corrupt_files,

@@ -32,7 +32,7 @@ POLICY_TYPES: Final[tuple[PolicyType, ...]] = ("dqn", "random")
 #: agree or the learner's state_dict cannot be loaded by the collectors.
 DEFAULT_HIDDEN_SIZES: Final = (128, 128)
 #: More envs than this in one task would starve the other processes on a worker host.
-MAX_ENV_NUM: Final = 64
+MAX_ENV_NUM: Final = 256
 _MAX_SEED: Final = 2**32 - 1
 
 
@@ -88,8 +88,8 @@ class CollectorSpec:
     """Collect tasks: done once this many train samples (transitions) were produced in total."""
     n_episode: int | None = None
     """Done once every env finished this many episodes (DI-engine's ``env_manager.done``)."""
-    traj_len: int = 32
-    """Max transitions buffered per env before they are flushed as one chunk."""
+    traj_len: int = 64
+    """Steps per chunk (``T``): one step file and one metadata message per ``traj_len`` steps of all envs."""
     eps: float | None = None
     """``collect_setting.eps``: exploration rate of collect tasks; eval tasks act greedily."""
     policy_update_path: str | None = None
@@ -169,7 +169,7 @@ class CollectorSpec:
             policy=policy,
             n_sample=cfg.get("n_sample"),
             n_episode=cfg.get("n_episode"),
-            traj_len=cfg.get("traj_len", 32),
+            traj_len=cfg.get("traj_len", 64),
             eps=eps,
             policy_update_path=cfg.get("policy_update_path"),
             update_policy_second=cfg.get("update_policy_second", 3.0),

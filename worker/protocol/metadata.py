@@ -50,13 +50,17 @@ def _optional_str(metadata: Mapping[str, Any], key: str) -> str | None:
 
 @dataclass(frozen=True)
 class DataItem:
-    """Data metadata: ``data_id`` names a complete step file on the shared volume."""
+    """Data metadata: ``data_id`` names a complete step file (one columnar chunk) on the shared volume."""
 
     data_id: str
     policy_iter: int
+    """Learner iteration of the policy that produced every sample of the chunk."""
     unroll_len: int
-    """Samples in the file."""
-    env_id: int
+    """Steps per env in the chunk (``T``: the leading dimension of its arrays)."""
+    env_num: int
+    """Envs per step (``N``: the second dimension)."""
+    sample_count: int
+    """Real transitions in the chunk (``valid`` rows; at most ``T x N``)."""
     cur_episode: int
     cur_sample: int
     cur_step: int
@@ -132,7 +136,8 @@ def read_metadata(message: Mapping[str, Any]) -> DataItem | InfoItem:
             data_id=data_id,
             policy_iter=checked_count(message, "policy_iter"),
             unroll_len=checked_count(message, "unroll_len"),
-            env_id=checked_count(message, "env_id"),
+            env_num=checked_count(message, "env_num"),
+            sample_count=checked_count(message, "sample_count"),
             cur_episode=cur_episode,
             cur_sample=cur_sample,
             cur_step=cur_step,

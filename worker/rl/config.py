@@ -16,27 +16,30 @@ from worker.protocol.collector_cfg import DEFAULT_HIDDEN_SIZES
 
 @dataclass(frozen=True)
 class LearnerSpec:
-    """DQN hyperparameters, with defaults tuned to solve CartPole-v1 quickly.
+    """DQN hyperparameters, with defaults tuned to solve CartPole-v1 quickly in wall-clock time.
 
     The exploration schedule (``eps_*``) and the replay ratio are read by whoever
     schedules collect tasks (the coordinator); the rest by the learner.
 
-    Tuned with ``scripts/train_inprocess.py`` (greedy eval >= 195 after 3-9k env
-    steps and ~600-2000 train steps on 10 of 10 seeds). Faster settings exist (lr 1e-3,
-    batch 64, replay ratio 0.5 solve in ~2-3k steps) but their policies collapse again
-    in most later evals; with these, 80-100% of later evals stay above 195, which
-    matters when evals only run every few seconds.
+    The learner's train step, not collection, bounds a run's speed (collectors make ~100k
+    env steps/s; the learner ~500-700 numpy train steps/s on one core), and the coordinator
+    paces collection to it. So the defaults take few, large steps (batch 256, one train
+    step per 32 samples: every collected transition is sampled ~8 times) with a learning
+    rate and target sync that stay stable: with 64 envs per collector,
+    ``scripts/train_inprocess.py`` solves CartPole-v1 (greedy eval >= 195) after 16-25k env
+    steps and 520-780 train steps on each of seeds 0-7 (lr 2e-3 with a sync every 50 steps
+    needs fewer steps on most seeds, but 5x more on some).
     """
 
-    batch_size: int = 128
-    lr: float = 2.5e-4
+    batch_size: int = 256
+    lr: float = 1e-3
     """Adam learning rate."""
     discount: float = 0.99
     replay_capacity: int = 50_000
     """Transitions kept in the replay ring buffer."""
-    learning_starts: int = 500
+    learning_starts: int = 1000
     """No train step before the replay buffer holds this many transitions."""
-    target_update_interval: int = 250
+    target_update_interval: int = 100
     """Train steps between target network updates."""
     tau: float = 1.0
     """Target update weight: 1.0 copies the online net, smaller values do Polyak averaging."""
@@ -45,11 +48,11 @@ class LearnerSpec:
     """Pick the bootstrap action with the online net, evaluate it with the target net."""
     max_grad_norm: float = 10.0
     """Global gradient-norm clip, against the occasional huge TD error."""
-    train_steps_per_sample: float = 0.25
+    train_steps_per_sample: float = 1 / 32
     """Replay ratio: train steps to run per collected transition."""
     eps_start: float = 1.0
     eps_end: float = 0.05
-    eps_decay_steps: int = 5_000
+    eps_decay_steps: int = 10_000
     """Env steps over which epsilon decays linearly from ``eps_start`` to ``eps_end``."""
 
     def __post_init__(self) -> None:

@@ -1,17 +1,17 @@
-"""A batch of gymnasium envs stepped together, with explicit episode bookkeeping.
+"""A batch of gymnasium envs stepped as one vector env, with explicit episode bookkeeping.
 
-A plain list of envs is used instead of ``gymnasium.vector``: gymnasium 1.x vector envs
-autoreset on the *next* step, which makes it easy to mix the final observation of one
-episode with the first of the next. Here each env is reset right after its episode
-ends, and the step result carries both the true final observation (needed to bootstrap
-truncated episodes) and the observation the policy should see next.
+Where an env registers a native vectorised implementation (``vector_entry_point``, e.g.
+``CartPole-v1``) it is used: one numpy step for all copies instead of a Python loop
+over envs, about 10x cheaper per step. Other envs run in gymnasium's ``SyncVectorEnv``.
+Both autoreset the same way (gymnasium's "next step" mode): the step that ends an episode
+returns its true final observation, and the env's *next* step is a reset step whose action
+is ignored and which is not a transition. :class:`VecStep.valid` marks the real ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -20,96 +20,120 @@ import numpy.typing as npt
 from worker.protocol import Refusal
 
 FloatArray = npt.NDArray[np.float32]
-
-
-@dataclass(frozen=True)
-class EnvStep:
-    """What one env did in one step."""
-
-    env_id: int
-    next_obs: FloatArray
-    """Observation after the action: the real final observation if the episode ended."""
-    reward: float
-    terminated: bool
-    """The MDP reached a terminal state: do not bootstrap from ``next_obs``."""
-    truncated: bool
-    """The episode was cut (time limit); ``next_obs`` is still a valid bootstrap state."""
-    episode_return: float | None
-    """Sum of the episode's rewards when it ended in this step, else ``None``."""
-
-    @property
-    def episode_end(self) -> bool:
-        return self.terminated or self.truncated
+BoolArray = npt.NDArray[np.bool_]
 
 
 def make_env(env_id: str) -> gym.Env[Any, Any]:
-    """Create one registered gymnasium env.
+    """Create one registered gymnasium env, checked the way a collector checks a task's env.
 
     Only ids in gymnasium's registry are accepted: ``gym.make("module:Env")`` would
     import an arbitrary module named by an untrusted task message.
 
     Raises:
-        TaskError: the id is not registered, or its env is not a flat ``Box``
-            observation / ``Discrete`` action env that a Q-network can drive.
+        TaskError: ``unknown env`` (not registered, or cannot be created) or
+            ``unsupported env`` (not a flat ``Box`` observation / ``Discrete`` action env).
     """
-    if env_id not in gym.registry:
-        raise Refusal.UNKNOWN_ENV.error(f"unknown env id {env_id!r}: not in the gymnasium registry")
+    _check_registered(env_id)
     try:
         env = gym.make(env_id)
     except gym.error.Error as exc:
         raise Refusal.UNKNOWN_ENV.error(f"cannot create env {env_id!r}: {exc}") from exc
-    obs_space, act_space = env.observation_space, env.action_space
-    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+    try:
+        check_spaces(env_id, env.observation_space, env.action_space)
+    except BaseException:
         env.close()
-        raise Refusal.UNSUPPORTED_ENV.error(f"env {env_id!r} has observation space {obs_space}; a flat Box is required")
-    if not isinstance(act_space, gym.spaces.Discrete):
-        env.close()
-        raise Refusal.UNSUPPORTED_ENV.error(f"env {env_id!r} has action space {act_space}; Discrete is required")
+        raise
     return env
 
 
-class EnvBatch:
-    """``env_num`` copies of one env, stepped in lock step by the collector.
+def _check_registered(env_id: str) -> None:
+    if env_id not in gym.registry:
+        raise Refusal.UNKNOWN_ENV.error(f"unknown env id {env_id!r}: not in the gymnasium registry")
+
+
+def check_spaces(env_id: str, obs_space: Any, act_space: Any) -> None:
+    """Refuse envs a Q-network cannot drive: flat ``Box`` observations and ``Discrete`` actions only."""
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        raise Refusal.UNSUPPORTED_ENV.error(f"env {env_id!r} has observation space {obs_space}; a flat Box is required")
+    if not isinstance(act_space, gym.spaces.Discrete):
+        raise Refusal.UNSUPPORTED_ENV.error(f"env {env_id!r} has action space {act_space}; Discrete is required")
+
+
+@dataclass(frozen=True)
+class VecStep:
+    """What every env of the batch did in one step (arrays of length ``num_envs``)."""
+
+    next_obs: FloatArray
+    """Observation after the action: the true final observation where an episode ended."""
+    reward: npt.NDArray[np.float32]
+    terminated: BoolArray
+    """The MDP reached a terminal state: do not bootstrap from ``next_obs``."""
+    truncated: BoolArray
+    """The episode was cut (time limit); ``next_obs`` is still a valid bootstrap state."""
+    valid: BoolArray
+    """A real transition; False for the reset step that follows an episode end."""
+    ended: BoolArray
+    """An episode ended in this step (valid and terminated or truncated)."""
+    episode_returns: npt.NDArray[np.float64]
+    """Sum of each ended episode's rewards (meaningful where ``ended``)."""
+
+
+class VecEnvBatch:
+    """``num_envs`` copies of one env stepped together; see the module docstring.
 
     Args:
         env_id: registered gymnasium id.
-        env_num: number of copies.
-        seed: env ``i`` is first reset with ``seed + i``; later resets continue its RNG.
+        num_envs: number of copies.
+        seed: the first reset seeds the batch with it; later episodes continue its RNGs.
 
     Raises:
         TaskError: see :func:`make_env`.
     """
 
-    def __init__(self, env_id: str, env_num: int, seed: int | None = None) -> None:
-        self.env_id = env_id
-        self._envs: list[gym.Env[Any, Any]] = []
+    def __init__(self, env_id: str, num_envs: int, seed: int | None = None) -> None:
+        _check_registered(env_id)
+        spec = gym.spec(env_id)
+        mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
         try:
-            for _ in range(env_num):
-                self._envs.append(make_env(env_id))
+            self._envs: gym.vector.VectorEnv[Any, Any, Any] = gym.make_vec(
+                env_id, num_envs=num_envs, vectorization_mode=mode
+            )
+        except gym.error.Error as exc:
+            raise Refusal.UNKNOWN_ENV.error(f"cannot create env {env_id!r}: {exc}") from exc
+        try:
+            check_spaces(env_id, self._envs.single_observation_space, self._envs.single_action_space)
         except BaseException:
-            self.close()
+            self._envs.close()
             raise
-        first = self._envs[0]
-        # make_env checked both spaces.
-        self.observation_space = cast(gym.spaces.Box, first.observation_space)
-        self.action_space = cast(gym.spaces.Discrete, first.action_space)
-        self.obs_dim = int(self.observation_space.shape[0])
-        self.n_actions = int(self.action_space.n)
+        self.env_id = env_id
+        self.backend = mode
+        self.num_envs = num_envs
+        self.obs_dim = int(self._envs.single_observation_space.shape[0])  # type: ignore[index]
+        self.n_actions = int(self._envs.single_action_space.n)  # type: ignore[attr-defined]
         self._seed = seed
-        self._was_reset = False
         self._seed_seq = np.random.SeedSequence(seed)
-        self._obs = np.zeros((env_num, self.obs_dim), dtype=np.float32)
-        self._returns = np.zeros(env_num, dtype=np.float64)
+        self._obs = np.zeros((num_envs, self.obs_dim), dtype=np.float32)
+        self._returns = np.zeros(num_envs, dtype=np.float64)
+        self._after_end = np.zeros(num_envs, dtype=bool)
+        self._was_reset = False
+        self._closed = False
 
     def __len__(self) -> int:
-        return len(self._envs)
+        return self.num_envs
 
     @property
     def obs(self) -> FloatArray:
-        """Current observation of every env, ``[env_num, obs_dim]`` float32 (read-only view)."""
+        """Current observation of every env, ``[num_envs, obs_dim]`` float32 (read-only view).
+
+        Stays valid after later steps: each step makes a new array."""
         view = self._obs.view()
         view.flags.writeable = False
         return view
+
+    @property
+    def needs_reset(self) -> bool:
+        """True until the first :meth:`reset`; after it, episodes continue across tasks."""
+        return not self._was_reset
 
     def spawn_seed(self) -> int:
         """A new seed for the exploration RNG of the next task run on this batch.
@@ -119,49 +143,36 @@ class EnvBatch:
         """
         return int(self._seed_seq.spawn(1)[0].generate_state(1)[0])
 
-    @property
-    def needs_reset(self) -> bool:
-        """True until the first :meth:`reset`; after it, episodes continue across tasks."""
-        return not self._was_reset
-
     def reset(self) -> FloatArray:
-        """Start a fresh episode in every env and return the observations.
-
-        Only the first reset seeds the envs: reseeding later would replay the same
-        initial states again and again.
-        """
-        for i, env in enumerate(self._envs):
-            seed = None if self._seed is None or self._was_reset else self._seed + i
-            obs, _ = env.reset(seed=seed)
-            self._obs[i] = obs
+        """Start a fresh episode in every env; only the first reset uses the seed."""
+        seed = None if self._seed is None or self._was_reset else self._seed
+        obs, _ = self._envs.reset(seed=seed)
+        self._obs = np.array(obs, dtype=np.float32)
         self._returns[:] = 0.0
+        self._after_end[:] = False
         self._was_reset = True
         return self.obs
 
-    def step(self, env_ids: Sequence[int] | npt.NDArray[np.int64], actions: npt.NDArray[np.int64]) -> list[EnvStep]:
-        """Step the envs ``env_ids`` with ``actions`` (same order); other envs stand still.
-
-        An env whose episode ends is reset at once, so :attr:`obs` always holds the
-        observations the policy should act on next.
-        """
-        results = []
-        for env_id, action in zip(env_ids, actions, strict=True):
-            i = int(env_id)
-            next_obs, reward, terminated, truncated, _ = self._envs[i].step(int(action))
-            next_obs = np.asarray(next_obs, dtype=np.float32)
-            self._returns[i] += float(reward)
-            episode_return = None
-            if terminated or truncated:
-                episode_return = float(self._returns[i])
-                self._returns[i] = 0.0
-                self._obs[i], _ = self._envs[i].reset()
-            else:
-                self._obs[i] = next_obs
-            results.append(EnvStep(i, next_obs, float(reward), bool(terminated), bool(truncated), episode_return))
-        return results
+    def step(self, actions: npt.NDArray[np.int64]) -> VecStep:
+        """Step every env with its action (ignored by envs taking their reset step)."""
+        next_obs, reward, terminated, truncated, _ = self._envs.step(actions)
+        # A fresh array each step, never written to again: views of earlier observations
+        # (a caller's ``obs``, a step's ``next_obs``) stay what they were.
+        next_obs = np.array(next_obs, dtype=np.float32)
+        reward = np.asarray(reward, dtype=np.float32)
+        valid = ~self._after_end
+        terminated = np.asarray(terminated, dtype=bool) & valid
+        truncated = np.asarray(truncated, dtype=bool) & valid
+        ended = terminated | truncated
+        self._returns += np.where(valid, reward, 0.0)
+        returns = self._returns.copy()
+        self._returns[ended] = 0.0
+        self._after_end = ended
+        self._obs = next_obs
+        return VecStep(next_obs, reward, terminated, truncated, valid, ended, returns)
 
     def close(self) -> None:
-        """Close every env; safe to call more than once."""
-        envs, self._envs = self._envs, []
-        for env in envs:
-            env.close()
+        """Close the envs; safe to call more than once."""
+        if not self._closed:
+            self._closed = True
+            self._envs.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -68,7 +67,11 @@ class Policy(Protocol):
 
 
 class DQNPolicy:
-    """Epsilon-greedy policy over a :class:`QNetwork`.
+    """Epsilon-greedy policy over a :class:`QNetwork`, acting with a numpy copy of its weights.
+
+    The weights are loaded (and checked) through the torch network, then copied into
+    numpy arrays: for the small batches a collector steps, a numpy forward pass costs
+    a third of torch's (whose per-call dispatch dominates at this size).
 
     Args:
         obs_dim: observation size.
@@ -82,15 +85,35 @@ class DQNPolicy:
         self.net = QNetwork(obs_dim, n_actions, hidden_sizes)
         self.net.eval()
         self._rng = np.random.default_rng(seed)
+        self._layers = self._numpy_layers()
+        self._zero_cache: dict[tuple[int, ...], npt.NDArray[np.float32]] = {}
+
+    def q_values(self, obs: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``[N, obs_dim]`` observations to ``[N, n_actions]`` Q-values (numpy, no autograd)."""
+        h = obs
+        last = len(self._layers) - 1
+        for i, (weight_t, bias) in enumerate(self._layers):
+            h = h @ weight_t + bias
+            if i < last:
+                # Against an array of zeros, not the scalar 0.0: numpy's scalar path is ~5x slower here.
+                np.maximum(h, self._zeros(h.shape), out=h)
+        return h
+
+    def _zeros(self, shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
+        zeros = self._zero_cache.get(shape)
+        if zeros is None:
+            zeros = self._zero_cache[shape] = np.zeros(shape, dtype=np.float32)
+        return zeros
 
     def act(self, obs: npt.NDArray[np.float32], eps: float) -> ActionArray:
-        """Greedy actions from one batched forward pass, each replaced by a random one with prob ``eps``."""
-        with torch.inference_mode():
-            q = self.net(torch.as_tensor(obs, dtype=torch.float32))
-        actions: ActionArray = q.argmax(dim=1).numpy().astype(np.int64)
+        """Greedy actions, each replaced by a uniformly random one with probability ``eps``."""
+        actions: ActionArray = self.q_values(obs).argmax(axis=1).astype(np.int64)
         if eps > 0.0:
-            explore = self._rng.random(len(actions)) < eps
-            actions[explore] = self._rng.integers(0, self.n_actions, size=int(explore.sum()))
+            # One draw per env decides both: u < eps explores, and u / eps is then uniform
+            # in [0, 1), which picks the random action.
+            u = self._rng.random(len(actions))
+            explore = u < eps
+            actions[explore] = (u[explore] / eps * self.n_actions).astype(np.int64)
         return actions
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -104,6 +127,17 @@ class DQNPolicy:
             self.net.load_state_dict(dict(state_dict), strict=True)
         except (RuntimeError, TypeError, KeyError) as exc:
             raise CollectorError(f"policy weights do not fit the Q-network: {exc}") from exc
+        self._layers = self._numpy_layers()
+
+    def _numpy_layers(self) -> list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]:
+        linears = [m for m in self.net.net if isinstance(m, nn.Linear)]
+        return [
+            (
+                np.ascontiguousarray(m.weight.detach().numpy().T, dtype=np.float32),
+                m.bias.detach().numpy().astype(np.float32),
+            )
+            for m in linears
+        ]
 
 
 class RandomPolicy:
@@ -121,11 +155,8 @@ class RandomPolicy:
         """Nothing to load."""
 
 
-def make_policy(
-    spec: PolicySpec, obs_space: gym.spaces.Box, action_space: gym.spaces.Discrete, seed: int | None = None
-) -> DQNPolicy | RandomPolicy:
+def make_policy(spec: PolicySpec, obs_dim: int, n_actions: int, seed: int | None = None) -> DQNPolicy | RandomPolicy:
     """Build the policy a task asks for, sized for the env's spaces."""
-    n_actions = int(action_space.n)
     if spec.type == "random":
         return RandomPolicy(n_actions, seed)
-    return DQNPolicy(int(obs_space.shape[0]), n_actions, spec.hidden_sizes, seed)
+    return DQNPolicy(obs_dim, n_actions, spec.hidden_sizes, seed)

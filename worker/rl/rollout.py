@@ -5,9 +5,9 @@ goes (:class:`SampleSink`) and where the weights come from (:class:`PolicySource
 narrow interfaces in the style of acme's ``Adder`` and ``VariableClient``, so this
 module knows nothing about RabbitMQ or files and runs the same in tests.
 
-Unlike DI-engine, samples travel in chunks of up to ``traj_len`` transitions per env,
-as stacked numpy arrays (one array per field): they encode far faster than one dict
-per step.
+Unlike DI-engine, samples travel as columnar chunks (:mod:`worker.rl.chunks`): ``T``
+steps of all ``N`` envs of the batch in one array per field, one chunk per step file
+and metadata message, instead of one message per env and trajectory.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from worker.errors import CollectorError, PolicyUnavailable, StorageError, TaskError, UnsafePath
 from worker.protocol import CollectorSpec, FinishInfo
-from worker.rl.envs import EnvBatch, EnvStep
+from worker.rl.chunks import ChunkBuffer
+from worker.rl.envs import VecEnvBatch, VecStep
 from worker.rl.policy import DQNPolicy, RandomPolicy, limit_torch_threads, make_policy
 from worker.storage.policies import PolicySnapshot
 
@@ -34,15 +34,20 @@ logger = logging.getLogger(__name__)
 POLICY_POLL_S = 0.5
 
 
+#: A chunk older than this is shipped even if not full: with a slow env or a paced
+#: collector, data still reaches the learner within this long.
+CHUNK_MAX_AGE_S = 0.5
+
+
 class SampleSink(Protocol):
     """Where collected data goes (a publisher, a replay buffer, a test list)."""
 
-    def add_samples(self, env_id: int, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
-        """Take one chunk of one env's transitions; the sink assigns its ``data_id``."""
+    def add_chunk(self, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Take one chunk (fields ``[T, N, ...]``); the sink assigns its ``data_id``."""
         ...
 
     def add_info(self, info: dict[str, Any]) -> None:
-        """Take a collector-info dict (sent after steps in which an episode ended)."""
+        """Take a collector-info dict (after chunks in which an episode ended, and at the end)."""
         ...
 
 
@@ -52,38 +57,6 @@ class PolicySource(Protocol):
     def read(self) -> PolicySnapshot | None:
         """The newest policy, or ``None`` while no policy exists yet."""
         ...
-
-
-class _TrajBuffer:
-    """Preallocated transitions of one env, flushed as one chunk of stacked arrays."""
-
-    def __init__(self, capacity: int, obs_dim: int) -> None:
-        self.capacity = capacity
-        self.size = 0
-        self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), dtype=np.float32)
-        self.action = np.zeros(capacity, dtype=np.int64)
-        self.reward = np.zeros(capacity, dtype=np.float32)
-        self.done = np.zeros(capacity, dtype=bool)
-        self.truncated = np.zeros(capacity, dtype=bool)
-
-    def add(self, obs: npt.NDArray[np.float32], action: int, step: EnvStep) -> None:
-        k = self.size
-        self.obs[k], self.next_obs[k], self.action[k] = obs, step.next_obs, action
-        self.reward[k], self.done[k], self.truncated[k] = step.reward, step.terminated, step.truncated
-        self.size += 1
-
-    def take(self) -> dict[str, np.ndarray]:
-        k, self.size = self.size, 0
-        # Copies: the sink may keep the arrays while this buffer is refilled.
-        return {
-            "obs": self.obs[:k].copy(),
-            "next_obs": self.next_obs[:k].copy(),
-            "action": self.action[:k].copy(),
-            "reward": self.reward[:k].copy(),
-            "done": self.done[:k].copy(),
-            "truncated": self.truncated[:k].copy(),
-        }
 
 
 @contextlib.contextmanager
@@ -103,7 +76,7 @@ class Rollout:
 
     Args:
         spec: the validated task.
-        sink: receives sample chunks and collector infos, in that order within a step.
+        sink: receives chunks and collector infos, a chunk's info after the chunk.
         policy_source: where ``dqn`` weights come from; unused by ``random`` policies.
         stop: set it to end :meth:`run` after the current env step (warm shutdown).
         policy_wait_s: how long to wait for the first policy before giving up.
@@ -114,7 +87,7 @@ class Rollout:
             episode). Not closed by the rollout. ``None``: a fresh batch per task.
 
     Raises:
-        ValueError: a ``dqn`` task without a policy source.
+        ValueError: a ``dqn`` task without a policy source, or envs that do not fit the task.
     """
 
     def __init__(
@@ -126,7 +99,7 @@ class Rollout:
         stop: threading.Event,
         policy_wait_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        envs: EnvBatch | None = None,
+        envs: VecEnvBatch | None = None,
     ) -> None:
         if spec.policy.type == "dqn" and policy_source is None:
             raise ValueError("a dqn rollout needs a policy source")
@@ -137,12 +110,10 @@ class Rollout:
         self._envs = envs
         self._spec, self._sink, self._source = spec, sink, policy_source
         self._stop, self._policy_wait_s, self._clock = stop, policy_wait_s, clock
-        n = spec.env.env_num
-        self._active = np.ones(n, dtype=bool)
-        self._episodes_per_env = np.zeros(n, dtype=np.int64)
-        self._bufs: list[_TrajBuffer] = []
+        self._episodes_per_env = np.zeros(spec.env.env_num, dtype=np.int64)
         self._returns: list[float] = []
         self._step_count = self._sample_count = self._episode_count = 0
+        self._episodes_unreported = False
         self._policy_iter = 0
         self._policy_error: str | None = None
         self._collector_done = False
@@ -195,16 +166,15 @@ class Rollout:
         envs = self._envs
         if envs is None:
             with _failures_as(f"creating env {spec.env.id!r}"):
-                envs = EnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
+                envs = VecEnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
         try:
-            policy = make_policy(spec.policy, envs.observation_space, envs.action_space, envs.spawn_seed())
+            policy = make_policy(spec.policy, envs.obs_dim, envs.n_actions, envs.spawn_seed())
             if isinstance(policy, DQNPolicy):
                 limit_torch_threads(1)
                 snapshot = self._wait_first_policy()
                 if snapshot is None:
                     return  # stopped while waiting
                 self._load(policy, snapshot)
-            self._bufs = [_TrajBuffer(spec.traj_len, envs.obs_dim) for _ in range(len(envs))]
             # Eval tasks measure whole episodes, so they always start fresh ones.
             if envs.needs_reset or spec.eval_flag:
                 with _failures_as(f"resetting env {spec.env.id!r}"):
@@ -247,92 +217,90 @@ class Rollout:
 
     # -- the loop --------------------------------------------------------------------
 
-    def _loop(self, envs: EnvBatch, policy: DQNPolicy | RandomPolicy) -> None:
+    def _loop(self, envs: VecEnvBatch, policy: DQNPolicy | RandomPolicy) -> None:
         spec = self._spec
         eps = 0.0 if spec.eval_flag else (spec.eps or 0.0)
         # Eval tasks keep the policy they started with (as in DI-engine).
         reloadable = policy if isinstance(policy, DQNPolicy) and not spec.eval_flag else None
+        chunk = None if spec.eval_flag else ChunkBuffer(spec.traj_len, len(envs), envs.obs_dim)
         next_reload = self._clock() + spec.update_policy_second
         while not self._stop.is_set():
-            if reloadable is not None and self._clock() >= next_reload:
+            # Policies change only between chunks, so every chunk has one policy_iter.
+            if reloadable is not None and (chunk is None or chunk.filled == 0) and self._clock() >= next_reload:
                 if (snapshot := self._read_policy()) is not None:
                     self._load(reloadable, snapshot)
                 next_reload = self._clock() + spec.update_policy_second
-            ids = np.flatnonzero(self._active)
-            obs = envs.obs[ids]
+            obs = envs.obs
             with _failures_as("policy forward pass"):
                 actions = policy.act(obs, eps)
             with _failures_as(f"stepping env {spec.env.id!r}"):
-                steps = envs.step(ids, actions)
-            episode_ended = False
-            for o, a, step in zip(obs, actions, steps, strict=True):
-                episode_ended |= self._record(o, int(a), step)
-            done = self._check_done()
-            if episode_ended or done:
+                step = envs.step(actions)
+            self._count(step)
+            if chunk is not None:
+                chunk.add(obs, actions, step, self._clock())
+            done = self._check_done(chunk)
+            if chunk is not None and (done or chunk.full or chunk.age(self._clock()) >= CHUNK_MAX_AGE_S):
+                self._ship(chunk)
+            if done or (chunk is None and step.ended.any()):
                 self._collector_done = done
-                self._sink.add_info(self._collector_info())
+                self._report()
             if done:
                 return
 
-    def _record(self, obs: npt.NDArray[np.float32], action: int, step: EnvStep) -> bool:
-        """Count one env's step, buffer its transition, flush if due; True if an episode ended."""
-        spec, i = self._spec, step.env_id
-        self._step_count += 1
-        if not spec.eval_flag:
-            self._bufs[i].add(obs, action, step)
-        if step.episode_return is not None:
-            self._episode_count += 1
-            self._episodes_per_env[i] += 1
-            self._returns.append(step.episode_return)
-            if spec.n_episode is not None and self._episodes_per_env[i] >= spec.n_episode:
-                self._active[i] = False  # this env has done its share; stop stepping it
-        if not spec.eval_flag and (step.episode_end or self._bufs[i].size >= spec.traj_len):
-            self._flush(i)
-        return step.episode_end
-
-    def _check_done(self) -> bool:
+    def _count(self, step: VecStep) -> None:
+        """Count one vector step; record the returns of the episodes it ended."""
         spec = self._spec
-        if spec.n_sample is not None:
-            buffered = sum(buf.size for buf in self._bufs)
-            if self._sample_count + buffered >= spec.n_sample:
-                self._flush_all()  # enough transitions exist: ship them now, not at traj_len
-                return True
-        if spec.n_episode is not None and not self._active.any():
+        self._step_count += int(step.valid.sum())
+        for i in np.flatnonzero(step.ended):
+            self._episodes_per_env[i] += 1
+            if spec.n_episode is not None and self._episodes_per_env[i] > spec.n_episode:
+                continue  # this env did its share; its later episodes are not part of the task
+            self._episode_count += 1
+            self._returns.append(float(step.episode_returns[i]))
+            self._episodes_unreported = True
+
+    def _check_done(self, chunk: ChunkBuffer | None) -> bool:
+        spec = self._spec
+        if spec.n_sample is not None and chunk is not None and self._sample_count + chunk.samples >= spec.n_sample:
+            return True
+        if spec.n_episode is not None and bool((self._episodes_per_env >= spec.n_episode).all()):
             return True
         if self._step_count >= spec.max_env_steps:
             logger.warning("task hit max_env_steps=%d before its finish condition", spec.max_env_steps)
-            self._flush_all()
             return True
         return False
 
-    def _flush_all(self) -> None:
-        for i, buf in enumerate(self._bufs):
-            if buf.size:
-                self._flush(i)
-
-    def _flush(self, env_id: int) -> None:
-        samples = self._bufs[env_id].take()
-        k = len(samples["action"])
-        self._sample_count += k
+    def _ship(self, chunk: ChunkBuffer) -> None:
+        """Hand the chunk to the sink, then (if an episode ended in it) a collector info."""
+        rows, samples = chunk.filled, chunk.samples
+        if rows == 0:
+            return
+        self._sample_count += samples
         meta = {
-            "eval_flag": self._spec.eval_flag,
-            "env_id": env_id,
+            "eval_flag": False,
             "policy_iter": self._policy_iter,
-            "unroll_len": k,
+            "unroll_len": rows,
+            "env_num": chunk.num_envs,
+            "sample_count": samples,
             "compressor": "none",
             "get_data_time": time.time(),
             "priority": 1.0,
             **self._counters(),
         }
-        self._sink.add_samples(env_id, samples, meta)
+        self._sink.add_chunk(chunk.take(), meta)
+        if self._episodes_unreported:
+            self._report()
 
-    def _collector_info(self) -> dict[str, Any]:
-        return {
-            "eval_flag": self._spec.eval_flag,
-            "get_info_time": time.time(),
-            "collector_done": self._collector_done,
-            **self._counters(),
-        }
+    def _report(self) -> None:
+        self._episodes_unreported = False
+        self._sink.add_info(
+            {
+                "eval_flag": self._spec.eval_flag,
+                "get_info_time": time.time(),
+                "collector_done": self._collector_done,
+                **self._counters(),
+            }
+        )
 
     def _counters(self) -> dict[str, int]:
         return {"cur_episode": self._episode_count, "cur_sample": self._sample_count, "cur_step": self._step_count}
