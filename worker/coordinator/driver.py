@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from messaging import BrokerConnectionError, MessagingError, MetadataItem, QueueNotFound, RemoteError
 from worker.coordinator.bus import CoordinatorBus
+from worker.coordinator.relay import DataRelay
 from worker.coordinator.stats import RunStats
-from worker.coordinator.task import Kind, State, Task
+from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.errors import TaskError
 from worker.protocol import (
     CollectorSpec,
@@ -33,24 +33,8 @@ from worker.protocol import (
 
 logger = logging.getLogger(__name__)
 
-#: Grace after a start request's expiration before it is sent again.
-START_GRACE_S = 5.0
 #: How long the metadata left by a lost worker may take to read.
 DRAIN_S = 5.0
-#: How long the broker may take to confirm a turn's forwarded data.
-CONFIRM_S = 30.0
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    start_s: float
-    """A start request nobody took within this long expires and is sent again."""
-    close_s: float
-    """A close request unanswered for this long: the worker is taken as gone."""
-    silence_s: float
-    """A running task that sends nothing for this long is closed and its slot refilled."""
-    start_grace_s: float = START_GRACE_S
-    """Extra wait after a start request expired, for the reply of a worker that took it just in time."""
 
 
 Completed = Callable[[Task, FinishInfo | None], None]
@@ -101,8 +85,7 @@ class TaskDriver:
         self.on_refused = on_refused
         self.tasks: dict[str, Task] = {}
         self.seq = 0
-        self._forwarded: list[MetadataItem] = []
-        """Data items sent on to the learner, acked once the broker confirmed the copies."""
+        self.relay = DataRelay(bus, learner_queue)
 
     # -- starting -------------------------------------------------------------------
 
@@ -154,25 +137,8 @@ class TaskDriver:
             self.settle_forwarded()
 
     def settle_forwarded(self) -> None:
-        """Ack the stream items whose copies the learner's queue confirmed.
-
-        One wait per turn for all the data forwarded in it, instead of one confirm per
-        item. The learner's copy is confirmed before the stream's is acked, so nothing is
-        lost if the coordinator dies in between (the learner may see an item twice and
-        recognises it by its ``data_id``); if the confirm fails, the items go back to
-        their streams and are forwarded again.
-        """
-        if not self._forwarded:
-            return
-        items, self._forwarded = self._forwarded, []
-        try:
-            self.bus.confirm_forwarded(CONFIRM_S)
-        except MessagingError:
-            for item in items:
-                item.requeue()
-            raise
-        for item in items:
-            item.ack()
+        """Ack the stream items whose copies the learner's queue confirmed (see :class:`DataRelay`)."""
+        self.relay.settle()
 
     def advance(self, task: Task) -> None:
         """One step of ``task``'s life: poll its start, read its stream, close it when done."""
@@ -239,14 +205,9 @@ class TaskDriver:
             item.delivery.nack(requeue=False)
             return
         if isinstance(metadata, DataItem):
-            self.bus.forward(self.learner_queue, item.delivery.envelope.body)
-            self._forwarded.append(item)  # acked by settle_forwarded
+            self.relay.forward(item)  # acked once its copy is confirmed
             task.samples += metadata.sample_count
-            if self.stats.first_data_at is None:
-                self.stats.first_data_at = time.monotonic()
-            self.stats.samples += metadata.sample_count
-            self.stats.data_items += 1
-            self.stats.policy_iter = max(self.stats.policy_iter, metadata.policy_iter)
+            self.stats.count_data(metadata.sample_count, metadata.policy_iter)
         else:
             task.last_info = metadata
             if metadata.error:

@@ -20,10 +20,10 @@ from messaging import BrokerConnectionError, MessagingError, Names
 from worker.config import CoordinatorConfig
 from worker.coordinator.bus import BrokerBus, CoordinatorBus
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
-from worker.coordinator.driver import TaskDriver, Timeouts
+from worker.coordinator.driver import TaskDriver
 from worker.coordinator.progress import Progress, RunLog
 from worker.coordinator.stats import RunStats
-from worker.coordinator.task import Kind, State, Task
+from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.protocol import FinishInfo, Refusal
 
 logger = logging.getLogger(__name__)

@@ -54,6 +54,14 @@ class RunStats:
         """Train steps per collected sample so far, as far as the learner's iteration is known."""
         return self.policy_iter / self.samples if self.samples else 0.0
 
+    def count_data(self, samples: int, policy_iter: int) -> None:
+        """A data item of ``samples`` samples, collected with the learner's policy ``policy_iter``."""
+        if self.first_data_at is None:
+            self.first_data_at = time.monotonic()
+        self.samples += samples
+        self.data_items += 1
+        self.policy_iter = max(self.policy_iter, policy_iter)
+
     def record_eval(self, reward: float) -> None:
         self.evals += 1
         self.last_eval = reward

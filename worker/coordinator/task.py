@@ -11,6 +11,21 @@ from worker.coordinator.bus import MetadataStream
 from worker.errors import TaskError
 from worker.protocol import InfoItem, StartTask, read_metadata
 
+#: Grace after a start request's expiration before it is sent again.
+START_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    start_s: float
+    """A start request nobody took within this long expires and is sent again."""
+    close_s: float
+    """A close request unanswered for this long: the worker is taken as gone."""
+    silence_s: float
+    """A running task that sends nothing for this long is closed and its slot refilled."""
+    start_grace_s: float = START_GRACE_S
+    """Extra wait after a start request expired, for the reply of a worker that took it just in time."""
+
 
 class State(StrEnum):
     STARTING = "starting"
