@@ -18,6 +18,8 @@ It does what the README tells a user to do, and checks what the user should see:
 6. ``stop`` + ``down`` (what ``down`` does, in two steps to read the exit codes): every
    container ends within its stop_grace_period with a clean exit code.
 7. The run log on the named volume kept both runs across ``down`` and ``up``.
+8. With docker-compose.cluster.yml: three brokers form one cluster, the task queue is a
+   quorum queue on all three, and the job trains to its stop value on it.
 
 Only the stdlib: it runs before (or without) the project's virtualenv. Every wait has a
 deadline, and everything it starts (containers, network, volumes, the podman service)
@@ -77,6 +79,8 @@ network_backend = "netavark"
 UNREACHABLE_STOP_VALUE = "100000"
 #: An env-step budget no run uses up (400,000 take about 25 s with the vector envs).
 UNREACHABLE_ENV_STEPS = "100000000000"
+#: The override that turns the single broker into a 3-node cluster with quorum queues.
+CLUSTER_FILE = "docker-compose.cluster.yml"
 #: Tries at freezing every collector at once and finding one in the middle of a task.
 KILL_TRIES = 60
 #: Run log kinds of a finished task: collect tasks log "task", evaluations "eval".
@@ -191,6 +195,8 @@ class Smoke:
         self.project = f"warrensmoke{os.getpid()}"
         self.socket_path = workdir / "podman.sock"
         self.env_file = workdir / "smoke.env"
+        # docker-compose.yml, and for the cluster step the override after it.
+        self.compose_files = ["docker-compose.yml"]
         self.user = f"smoke-{secrets.token_hex(3)}"
         self.password = secrets.token_urlsafe(18).replace("-", "x").replace("_", "y")
         self.amqp_port, self.management_port, self.prometheus_port = free_ports(3)
@@ -241,8 +247,7 @@ class Smoke:
             str(ROOT),
             "--env-file",
             str(self.env_file),
-            "--file",
-            str(ROOT / "docker-compose.yml"),
+            *(arg for name in self.compose_files for arg in ("--file", str(ROOT / name))),
             *args,
         ]
 
@@ -434,6 +439,7 @@ class Smoke:
             "RABBITMQ_MANAGEMENT_PORT": str(self.management_port),
             "RABBITMQ_PROMETHEUS_PORT": str(self.prometheus_port),
             "WARREN_IMAGE": WARREN_IMAGE,
+            "RABBITMQ_CLUSTER_COOKIE": secrets.token_hex(20),
             # A bound on the training run: a budget spent is exit code 3, not a hang.
             "WARREN_MAX_TIME_S": "300",
             **images,
@@ -796,6 +802,67 @@ class Smoke:
                 self.service.kill()
                 self.service.wait(10)
 
+    def cluster(self) -> None:
+        """docker-compose.cluster.yml: three brokers form one cluster, the roles use quorum queues on it.
+
+        The override replaces the single broker with node 1 (same published ports) and adds
+        nodes 2 and 3; every role gets all three URLs and ``WARREN_QUEUE_TYPE=quorum``. The
+        job runs to its stop value as in step 3. Losing a node mid-run is tested in pytest's
+        ``cluster`` suite against private nodes, where a node's VM can be killed.
+        """
+        self.compose_files = ["docker-compose.yml", CLUSTER_FILE]
+        up_log = self.workdir / "cluster-up.log"
+        summaries_before = len([r for r in self.run_log() if r.get("kind") == "summary"])
+        with self.step("cluster up"), up_log.open("wb") as out:
+            self.up_process = subprocess.Popen(
+                self.compose_argv("up", "--exit-code-from", "coordinator"),
+                cwd=ROOT,
+                env=self.environment(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            nodes = wait_until(self.running_cluster_nodes, 420, "3 running nodes in /api/nodes", every_s=3)
+            queue = wait_until(self.quorum_task_queue, 240, "the task queue as a quorum queue on 3 nodes", every_s=1)
+        self.passed_check(f"cluster: {len(nodes)} nodes running as one cluster: {sorted(nodes)}")
+        self.passed_check(
+            f"cluster: {queue['name']} is a {queue['type']} queue, leader {queue['leader']}, members {queue['members']}"
+        )
+        with self.step("cluster training"):
+            try:
+                code = self.up_process.wait(timeout=int(self.env_value("WARREN_MAX_TIME_S")) + 240)
+            except subprocess.TimeoutExpired as exc:
+                raise SmokeFailure("docker-compose up (cluster) did not end after the run's time budget") from exc
+        summaries = [r for r in self.run_log() if r.get("kind") == "summary"]
+        if len(summaries) <= summaries_before:
+            raise SmokeFailure(f"no new run summary; up exited {code}:\n{up_log.read_text()[-3000:]}")
+        summary = summaries[-1]
+        if code != 0 or not summary["success"]:
+            raise SmokeFailure(f"cluster run: up exited {code}, summary {summary}:\n{up_log.read_text()[-3000:]}")
+        self.passed_check(
+            f"cluster: training reached the stop value: {summary['reason']} ({summary['wall_time_s']} s, "
+            f"{summary['env_steps']} env steps)"
+        )
+        with self.step("cluster down"):
+            self.compose("down", "--volumes", "--timeout", "30", timeout_s=300)
+
+    def running_cluster_nodes(self) -> list[str] | None:
+        try:
+            nodes = self.api("/api/nodes")
+        except (urllib.error.URLError, OSError, json.JSONDecodeError):
+            return None
+        running = [str(n["name"]) for n in nodes if n.get("running")]
+        return running if len(running) == 3 else None
+
+    def quorum_task_queue(self) -> dict[str, Any] | None:
+        try:
+            queue: dict[str, Any] = self.api("/api/queues/%2F/warren.collector.tasks")
+        except (urllib.error.URLError, OSError, json.JSONDecodeError):
+            return None
+        if queue.get("type") != "quorum" or len(queue.get("members") or []) != 3 or not queue.get("leader"):
+            return None
+        return queue
+
     def run(self) -> None:
         with self.step("engine"):
             self.install_packages()
@@ -807,6 +874,7 @@ class Smoke:
         self.kill_busy_collector()
         self.stop_and_down()
         self.check_run_log_kept()
+        self.cluster()
 
 
 def try_lock(fd: int) -> bool:
