@@ -53,7 +53,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("WARREN_IMAGE_CACHE", "/var/cache/warren-compose"))
@@ -527,18 +527,29 @@ class Smoke:
             found[match.group("id")] = match.group("user")
         return found
 
+    def start_job(self, out: IO[bytes]) -> subprocess.Popen[bytes]:
+        """The README's command, ``up --exit-code-from coordinator``, its output to ``out``."""
+        return subprocess.Popen(
+            self.compose_argv("up", "--exit-code-from", "coordinator"),
+            cwd=ROOT,
+            env=self.environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_job_end(self, process: subprocess.Popen[bytes]) -> int:
+        """The exit code of ``up``, which ends with the coordinator; bounded by the run's time budget."""
+        try:
+            return process.wait(timeout=int(self.env_value("WARREN_MAX_TIME_S")) + 240)
+        except subprocess.TimeoutExpired as exc:
+            raise SmokeFailure("docker-compose up did not end after the run's time budget") from exc
+
     def train(self) -> None:
         """The README's command: up --build --exit-code-from coordinator, to the stop value."""
         up_log = self.workdir / "up.log"
         with self.step("up"), up_log.open("wb") as out:
-            self.up_process = subprocess.Popen(
-                self.compose_argv("up", "--exit-code-from", "coordinator"),
-                cwd=ROOT,
-                env=self.environment(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self.up_process = self.start_job(out)
             self.wait_healthy(300)
             self.check_accounts()  # now, while the broker surely runs: the job may be over in seconds
             logins = wait_until(
@@ -552,10 +563,7 @@ class Smoke:
             raise SmokeFailure(f"collector connections not as {self.user}: {logins}")
         self.passed_check(f"the broker has only the .env account {self.user!r}; the workers log in with it")
         with self.step("training"):
-            try:
-                code = self.up_process.wait(timeout=int(self.env_value("WARREN_MAX_TIME_S")) + 240)
-            except subprocess.TimeoutExpired as exc:
-                raise SmokeFailure("docker-compose up did not end after the run's time budget") from exc
+            code = self.wait_job_end(self.up_process)
         summaries = [r for r in self.run_log() if r.get("kind") == "summary"]
         if not summaries:
             raise SmokeFailure(f"no run summary in the run log; up exited {code}:\n{up_log.read_text()[-3000:]}")
@@ -814,14 +822,7 @@ class Smoke:
         up_log = self.workdir / "cluster-up.log"
         summaries_before = len([r for r in self.run_log() if r.get("kind") == "summary"])
         with self.step("cluster up"), up_log.open("wb") as out:
-            self.up_process = subprocess.Popen(
-                self.compose_argv("up", "--exit-code-from", "coordinator"),
-                cwd=ROOT,
-                env=self.environment(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self.up_process = self.start_job(out)
             nodes = wait_until(self.running_cluster_nodes, 420, "3 running nodes in /api/nodes", every_s=3)
             queue = wait_until(self.quorum_task_queue, 240, "the task queue as a quorum queue on 3 nodes", every_s=1)
         self.passed_check(f"cluster: {len(nodes)} nodes running as one cluster: {sorted(nodes)}")
@@ -829,10 +830,7 @@ class Smoke:
             f"cluster: {queue['name']} is a {queue['type']} queue, leader {queue['leader']}, members {queue['members']}"
         )
         with self.step("cluster training"):
-            try:
-                code = self.up_process.wait(timeout=int(self.env_value("WARREN_MAX_TIME_S")) + 240)
-            except subprocess.TimeoutExpired as exc:
-                raise SmokeFailure("docker-compose up (cluster) did not end after the run's time budget") from exc
+            code = self.wait_job_end(self.up_process)
         summaries = [r for r in self.run_log() if r.get("kind") == "summary"]
         if len(summaries) <= summaries_before:
             raise SmokeFailure(f"no new run summary; up exited {code}:\n{up_log.read_text()[-3000:]}")
