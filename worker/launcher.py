@@ -48,8 +48,9 @@ def add_parser(commands: Any) -> None:
         "run",
         help="train on this machine: coordinator + N collectors + learner",
         description=(
-            "Start a learner and --collectors collector processes against WARREN_AMQP_URL, with a "
-            "fresh shared directory, and run the coordinator here until the stop value (CartPole-v1 "
+            "Start a learner and --collectors collector processes against WARREN_AMQP_URL, with the "
+            "run's own directory (runs/<id>, or runs/NAME with --name, which collectors elsewhere can "
+            "join), and run the coordinator here until the stop value (CartPole-v1 "
             "to 195 by default). Ctrl-C stops everything. Exit code 0 when the stop value was reached, "
             "3 when a budget ran out, 1 when the run could not go on (no broker, an env the job "
             "cannot use, the learner or every collector gone), 2 for a bad command line or config."
