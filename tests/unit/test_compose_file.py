@@ -8,6 +8,7 @@ reading is checked against docker-compose's here.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -423,7 +424,8 @@ def test_the_cluster_override_runs_three_nodes_that_reach_each_other_by_their_no
         assert binds[CLUSTER_CONF_TARGET] == ROOT / "deploy" / "rabbitmq-cluster.conf", name
         assert binds["/etc/rabbitmq/conf.d/90-warren.conf"] == ROOT / "deploy" / "rabbitmq.conf", name
         assert binds[node["entrypoint"][1]] == NODE_ENTRYPOINT, name
-        assert node["entrypoint"][0] == "/bin/sh" and node["command"] == ["rabbitmq-server"], name
+        # An entrypoint of the service's own drops the image's CMD: the service gives it back.
+        assert node["entrypoint"][0] == "/bin/sh" and node["command"] == image_command(), name
         assert node["environment"]["RABBITMQ_CLUSTER_COOKIE"] == EXAMPLE["RABBITMQ_CLUSTER_COOKIE"], name
         assert "rabbitmq-diagnostics" in node["healthcheck"]["test"], name
         assert node["image"] == services["rabbitmq"]["image"], name
@@ -472,6 +474,15 @@ def test_the_cluster_refuses_to_start_without_a_cookie(tmp_path: Path) -> None:
     assert "RABBITMQ_CLUSTER_COOKIE" in done.stderr
 
 
+def image_command() -> list[str]:
+    """The broker image's CMD, as the local image's Containerfile (and the official image) set it."""
+    containerfile = (ROOT / "deploy" / "local-images" / "rabbitmq" / "Containerfile").read_text()
+    match = re.search(r"^CMD (\[.*\])$", containerfile, re.MULTILINE)
+    assert match is not None
+    command: list[str] = json.loads(match.group(1))
+    return command
+
+
 def run_node_entrypoint(tmp_path: Path, cookie: str | None, entrypoints: tuple[str, ...]) -> tuple[int, str]:
     """Run deploy/cluster-node with stand-ins for the images' entry points, which report what they got."""
     bin_dir = tmp_path / "bin"
@@ -484,7 +495,7 @@ def run_node_entrypoint(tmp_path: Path, cookie: str | None, entrypoints: tuple[s
     if cookie is not None:
         env["RABBITMQ_CLUSTER_COOKIE"] = cookie
     done = subprocess.run(
-        ["/bin/sh", str(NODE_ENTRYPOINT), "rabbitmq-server"],
+        ["/bin/sh", str(NODE_ENTRYPOINT), "start", "--the-node"],
         env=env,
         capture_output=True,
         text=True,
@@ -505,7 +516,7 @@ def test_the_node_entrypoint_writes_an_owner_only_cookie_then_runs_the_images_ow
     cookie_file.chmod(0o400)
     code, output = run_node_entrypoint(tmp_path, "c00kie0123456789", entrypoints)
     assert code == 0, output
-    assert output.strip() == f"{entrypoints[0]} rabbitmq-server cookie-var=unset"
+    assert output.strip() == f"{entrypoints[0]} start --the-node cookie-var=unset"  # arguments passed on
     assert cookie_file.read_text() == "c00kie0123456789"  # .env wins over the volume
     assert cookie_file.stat().st_mode & 0o777 == 0o400  # Erlang refuses a cookie others can read
 
