@@ -17,6 +17,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+#: The override that replaces the one broker with a three-node cluster (``-f`` after COMPOSE_FILE).
+CLUSTER_FILE = ROOT / "docker-compose.cluster.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
 
 _VARIABLE = re.compile(

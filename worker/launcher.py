@@ -4,6 +4,11 @@ The coordinator runs in this process; collectors and the learner are child proce
 that log to ``<workdir>/logs/``. Ctrl-C stops the coordinator, which then sends each
 child one SIGTERM and waits for it. Every child also gets SIGTERM from the kernel if
 this process dies (Linux parent-death signal), so no process outlives the run.
+
+A run named with ``--name`` (:mod:`worker.named_run`) can be joined by collectors on
+other machines: it keeps one collect task per collector listening on its task queue
+(not a fixed ``--collectors``), logs the command that joins it, and leaves its shared
+task queue in place at exit for the collectors that are still listening.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +33,7 @@ from messaging import BrokerLink, Names, Settings, WarrenError
 from messaging.settings import to_env
 from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
 from worker.logs import setup_logging
+from worker.named_run import RunIdentity, join_command, loopback_hosts, run_identity, run_name
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +48,9 @@ def add_parser(commands: Any) -> None:
         "run",
         help="train on this machine: coordinator + N collectors + learner",
         description=(
-            "Start a learner and --collectors collector processes against WARREN_AMQP_URL, with a "
-            "fresh shared directory, and run the coordinator here until the stop value (CartPole-v1 "
+            "Start a learner and --collectors collector processes against WARREN_AMQP_URL, with the "
+            "run's own directory (runs/<id>, or runs/NAME with --name, which collectors elsewhere can "
+            "join), and run the coordinator here until the stop value (CartPole-v1 "
             "to 195 by default). Ctrl-C stops everything. Exit code 0 when the stop value was reached, "
             "3 when a budget ran out, 1 when the run could not go on (no broker, an env the job "
             "cannot use, the learner or every collector gone), 2 for a bad command line or config."
@@ -53,7 +59,15 @@ def add_parser(commands: Any) -> None:
     add_transport_flags(parser)
     add_job_flags(parser)
     parser.add_argument("--collectors", type=positive_int, default=2, help="collector processes (default 2)")
-    parser.add_argument("--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<id>)")
+    parser.add_argument(
+        "--name",
+        type=run_name,
+        help="a fixed run name, so collectors on other machines can join (queue prefix <prefix>-NAME, "
+        "workdir runs/NAME, one collect task per listening collector); the command to join is logged at start",
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<name or id>)"
+    )
     parser.add_argument(
         "--progress",
         choices=["auto", "line", "log", "off"],
@@ -127,15 +141,17 @@ def run(args: argparse.Namespace) -> int:
     from worker.config import CoordinatorConfig, role_config
     from worker.coordinator.loop import Coordinator
 
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
-    job = job_config(args, **{"coordinator.collect_tasks": args.collectors})
-    workdir: Path = args.workdir or Path("runs") / run_id
-    config = role_config(
-        CoordinatorConfig, job=job, run_log=workdir / "run.jsonl", **flag_values(args, CoordinatorConfig)
-    )
+    # A named run keeps one collect task per collector listening on its task queue, so
+    # collectors that join from other machines get collect work too; an unnamed run has
+    # only its own collectors, a fixed number.
+    collect_tasks = 0 if args.name else args.collectors
+    job = job_config(args, **{"coordinator.collect_tasks": collect_tasks})
+    config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
     # The run's own prefix: its queues cannot meet those of any other deployment or run.
-    transport = config.transport.replace(prefix=f"{config.transport.prefix}-{run_id}")
-    config = dataclasses.replace(config, transport=transport)
+    identity = run_identity(config.transport.prefix, args.name, args.workdir)
+    run_id, workdir = identity.run_id, identity.workdir
+    transport = config.transport.replace(prefix=identity.prefix)
+    config = dataclasses.replace(config, transport=transport, run_log=workdir / "run.jsonl")
     setup_logging("run", log_level(args))
     problem = preflight(config)
     if problem is not None:
@@ -151,8 +167,15 @@ def run(args: argparse.Namespace) -> int:
     stop: threading.Event = args.stop
     children = Children(child_env(transport, workdir), workdir / "logs")
     logger.info(
-        "run %s: %d collectors, workdir %s, queue prefix %s", run_id, args.collectors, workdir, transport.prefix
+        "run %s: %d collectors%s, workdir %s, queue prefix %s",
+        run_id,
+        args.collectors,
+        " here (more may join: one collect task per listening collector)" if identity.named else "",
+        workdir,
+        transport.prefix,
     )
+    if identity.named:
+        _log_how_to_join(transport, workdir)
     level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
     children.start("learner", ["learner", "--config", str(job_file), *level])
     for i in range(args.collectors):
@@ -167,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
         codes = children.stop()
-        remove_run_topology(transport, job.coordinator.buffer_id)
+        remove_run_topology(transport, job.coordinator.buffer_id, identity)
         removed = _remove_step_files(workdir / "data")
         if removed:
             logger.info("removed %d step files nobody will read", removed)
@@ -216,14 +239,37 @@ def preflight(config: Any) -> str | None:
     return None
 
 
-def remove_run_topology(transport: Settings, buffer_id: str) -> None:
-    """Delete what the run declared under its own prefix (a dead-letter queue holding messages stays)."""
+def _log_how_to_join(transport: Settings, workdir: Path) -> None:
+    logger.info(
+        "to add a collector on another machine (same broker, this run's directories on a shared volume): %s",
+        join_command(transport, workdir / "data", workdir / "policy"),
+    )
+    loopback = loopback_hosts(transport.amqp_url)
+    if loopback:
+        logger.info("(there, replace %s in the URL with an address of this machine's broker)", " and ".join(loopback))
+
+
+def remove_run_topology(transport: Settings, buffer_id: str, identity: RunIdentity | None = None) -> None:
+    """Delete what the run declared under its own prefix (a dead-letter queue holding messages stays).
+
+    A named run deletes only its learner's queue: its task queue and dead-letter queue are
+    shared with collectors that joined from elsewhere, which keep consuming (idle) until
+    they are stopped or the next run of the same name gives them work.
+    """
     names = Names(transport.prefix)
     quick = transport.replace(connect_timeout_s=PREFLIGHT_CONNECT_S)
     try:
         with BrokerLink(quick, "run-cleanup", reconnect=False) as link:
-            for queue in (names.collector_tasks, names.learner_data(buffer_id)):
-                link.delete_queue(queue)
+            link.delete_queue(names.learner_data(buffer_id))
+            if identity is not None and identity.named:
+                logger.info(
+                    "kept %s and %s for the collectors of run %s",
+                    names.collector_tasks,
+                    names.dead_letter_queue,
+                    identity.run_id,
+                )
+                return
+            link.delete_queue(names.collector_tasks)
             kept = link.queue_depth(names.dead_letter_queue) or 0
             if kept:
                 logger.warning("%d dead letters kept in %s for inspection", kept, names.dead_letter_queue)

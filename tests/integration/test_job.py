@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
-from messaging import Names, RpcClient, Settings
+from messaging import BrokerLink, Names, RpcClient, Settings
 from tests.broker_admin import queues, wait_until
 from tests.procs import Proc, role_env, wait_for_queue
 
@@ -315,3 +317,89 @@ def _child(parent: int, role: str) -> int | None:
         if int(stat[1]) == parent and role.encode() in cmdline:
             return int(entry.name)
     return None
+
+
+def _join_command(log: Path) -> list[str] | None:
+    """The join command a named run logs, as argv (``None`` until it is logged)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for line in text.splitlines():
+        if "warren collector --prefix" in line:
+            return shlex.split(line.split("): ", 1)[1])
+    return None
+
+
+def test_a_collector_started_elsewhere_joins_a_named_run(settings: Settings, tmp_path: Path) -> None:
+    # Given a named run with one collector of its own, run from tmp_path (its workdir: runs/<name>),
+    # with collect tasks of a few seconds (few envs, many samples) and no evaluations
+    job = tmp_path / "job.toml"
+    job.write_text(
+        "[env]\ncollector_env_num = 4\n[collector]\nn_sample = 8000\n"
+        "[coordinator]\neval_interval_s = 3600.0\nmax_run_ahead_samples = 1000000\n[learner]\nlearning_starts = 100\n"
+    )
+    # Run elsewhere than the source tree, the run must still import this tree's warren.
+    source = str(Path(__file__).resolve().parents[2])
+    env = {
+        **os.environ,
+        **role_env(settings),
+        "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
+    }
+    log = tmp_path / "run.log"
+    args = ["run", "--name", "joinable", "--collectors", "1", "--progress", "off", "--config", str(job)]
+    args += ["--stop-value", "1e9", "--max-env-steps", "100000000", "--max-time-s", "600"]  # ended by the test
+    with log.open("wb") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", *args], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT
+        )
+    workdir = tmp_path / "runs" / "joinable"
+    names = Names(f"{settings.prefix}-joinable")
+    procs: list[Proc] = []
+    try:
+        # When a collector is started separately with the command the run logged (the password filled in)
+        def logged() -> bool:
+            assert run.poll() is None, log.read_text()[-3000:]
+            return _join_command(log) is not None
+
+        wait_until(logged, 60, "the logged join command")
+        command = _join_command(log)
+        assert command is not None
+        split = command.index("warren")
+        joined_env = dict(word.split("=", 1) for word in command[:split])
+        assert ":<password>@" in joined_env["WARREN_AMQP_URL"]
+        assert f":{urlsplit(settings.amqp_url).password}@" not in log.read_text()  # never the real password
+        joined_env["WARREN_AMQP_URL"] = settings.amqp_url
+        argv = [*command[split + 1 :], "--worker-id", "elsewhere"]
+        assert argv[:3] == ["collector", "--prefix", names.prefix]
+        procs.append(Proc(argv, env=joined_env, log=tmp_path / "elsewhere.log"))
+
+        # Then both the run's collector and the joined one run collect tasks of the run, at the
+        # same time: the number of collect tasks follows the listening collectors, not --collectors
+        def both_collected_together() -> bool:
+            assert run.poll() is None, log.read_text()[-3000:]
+            if not (workdir / "run.jsonl").exists():
+                return False
+            done_by = {r["worker_id"] for r in _records(workdir, "task")}
+            together = max(
+                (sum(t["kind"] == "collect" for t in r["running"].values()) for r in _records(workdir, "checkpoint")),
+                default=0,
+            )
+            return {"c0", "elsewhere"} <= done_by and together == 2
+
+        wait_until(both_collected_together, 120, "collect tasks run by c0 and the joined collector at once")
+        run.send_signal(signal.SIGINT)
+        assert run.wait(90) == 3, log.read_text()[-3000:]
+        # A named run leaves its task queue to the collectors still listening, and deletes its learner's queue
+        assert procs[0].alive()
+        with BrokerLink(settings, "test-check") as link:  # a fresh link: one idle through the run may be gone
+            assert link.queue_exists(names.collector_tasks)
+            assert not link.queue_exists(names.learner_data("main"))
+        assert "kept " + names.collector_tasks in log.read_text()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(10)
+        for proc in procs:
+            proc.kill()
+        with BrokerLink(settings, "test-cleanup") as link:
+            link.delete_queue(names.collector_tasks)
+            link.delete_queue(names.dead_letter_queue)
+            link.delete_exchange(names.dead_letter_exchange)

@@ -8,6 +8,7 @@ reading is checked against docker-compose's here.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import yaml
 
 from messaging import Settings
 from tests.compose import (
+    CLUSTER_FILE,
     COMPOSE_FILE,
     ENV_EXAMPLE,
     ROOT,
@@ -55,13 +57,18 @@ def collector_variables() -> set[str]:
 
 
 def compose_variables() -> set[str]:
-    """Every variable docker-compose.yml interpolates."""
-    return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", COMPOSE_FILE.read_text()))
+    """Every variable docker-compose.yml and its cluster override interpolate."""
+    text = COMPOSE_FILE.read_text() + CLUSTER_FILE.read_text()
+    return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
 
 
 def compose_defaults() -> dict[str, str]:
-    """``{VAR: default}`` of every ``${VAR:-default}`` in docker-compose.yml."""
-    return dict(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}", COMPOSE_FILE.read_text()))
+    """``{VAR: default}`` of every ``${VAR:-default}`` in docker-compose.yml and its cluster override."""
+    found: dict[str, str] = {}
+    for path in (COMPOSE_FILE, CLUSTER_FILE):
+        for variable, default in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}", path.read_text()):
+            assert found.setdefault(variable, default) == default, f"{variable}: two defaults"
+    return found
 
 
 def arg_after(command: list[str], flag: str) -> str:
@@ -72,7 +79,7 @@ def arg_after(command: list[str], flag: str) -> str:
 # -- docker-compose itself -------------------------------------------------------------
 
 
-def docker_compose_config(env_file: Path) -> dict[str, Any]:
+def run_docker_compose_config(env_file: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("docker-compose")
     if exe is None:
         if CI:
@@ -80,14 +87,20 @@ def docker_compose_config(env_file: Path) -> dict[str, Any]:
         pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
     # A clean environment: variables of the calling shell would override the env file.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
-    done = subprocess.run(
-        [exe, "--project-directory", str(ROOT), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config"],
+    chosen = [arg for path in files or (COMPOSE_FILE,) for arg in ("-f", str(path))]
+    return subprocess.run(
+        [exe, "--project-directory", str(ROOT), "--env-file", str(env_file), *chosen, "config"],
         capture_output=True,
         text=True,
         env=env,
         timeout=60,
         check=False,
     )
+
+
+def docker_compose_config(env_file: Path, *files: Path) -> dict[str, Any]:
+    """``docker-compose config`` of ``files`` (default: docker-compose.yml alone), as read back."""
+    done = run_docker_compose_config(env_file, *files)
     assert done.returncode == 0, f"docker-compose config failed:\n{done.stderr}"
     config: dict[str, Any] = yaml.safe_load(done.stdout)
     return config
@@ -175,15 +188,22 @@ def _rabbit_schema_keys() -> list[str]:
     return keys
 
 
-def test_rabbitmq_conf_uses_only_keys_the_broker_knows() -> None:
+def read_rabbitmq_conf(name: str) -> dict[str, str]:
     settings = {}
-    for line in (ROOT / "deploy" / "rabbitmq.conf").read_text().splitlines():
+    for line in (ROOT / "deploy" / name).read_text().splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             key, sep, value = line.partition("=")
             assert sep, f"not key = value: {line!r}"
             settings[key.strip()] = value.strip()
-    # Long collection tasks: above the broker's 30 min default.
-    assert int(settings["consumer_timeout"]) >= 3_600_000
+    return settings
+
+
+@pytest.mark.parametrize("name", ["rabbitmq.conf", "rabbitmq-cluster.conf"])
+def test_rabbitmq_conf_uses_only_keys_the_broker_knows(name: str) -> None:
+    settings = read_rabbitmq_conf(name)
+    if name == "rabbitmq.conf":
+        # Long collection tasks: above the broker's 30 min default.
+        assert int(settings["consumer_timeout"]) >= 3_600_000
     known = _rabbit_schema_keys()
     if not known:
         pytest.skip("no local RabbitMQ schema files to check the keys against")
@@ -368,3 +388,150 @@ def test_interpolation_forms() -> None:
     assert interpolate("${EMPTY:-d}|${EMPTY-d}|${UNSET-d}|${SET:-d}", variables) == "d||d|x"
     with pytest.raises(ValueError, match="UNSET: needed"):
         interpolate("${UNSET:?needed}", variables)
+
+
+# -- the cluster override (docker-compose.cluster.yml) -----------------------------------
+
+CLUSTER_NODES = ("rabbitmq", "rabbitmq-2", "rabbitmq-3")
+CLUSTER_CONF_TARGET = "/etc/rabbitmq/conf.d/91-warren-cluster.conf"
+NODE_ENTRYPOINT = ROOT / "deploy" / "cluster-node"
+
+
+def cluster_config(tmp_path: Path, **overrides: str) -> dict[str, Any]:
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in {**EXAMPLE, **overrides}.items()))
+    return docker_compose_config(env_file, COMPOSE_FILE, CLUSTER_FILE)
+
+
+def test_the_cluster_override_runs_three_nodes_that_reach_each_other_by_their_node_names(tmp_path: Path) -> None:
+    rendered = cluster_config(tmp_path)
+    services = rendered["services"]
+    assert set(services) == {*CLUSTER_NODES, *WARREN_SERVICES}
+    listed = read_rabbitmq_conf("rabbitmq-cluster.conf")
+    assert listed["cluster_formation.peer_discovery_backend"] == "classic_config"
+    peers = {v for k, v in listed.items() if k.startswith("cluster_formation.classic_config.nodes.")}
+    hostnames = {services[name]["hostname"] for name in CLUSTER_NODES}
+    assert peers == {f"rabbit@{host}" for host in hostnames} == {f"rabbit@rabbitmq-{i}" for i in (1, 2, 3)}
+    data_volumes = set()
+    for name in CLUSTER_NODES:
+        node = services[name]
+        host = node["hostname"]
+        # The node name rabbit@<hostname> must resolve for the other nodes: service name or alias.
+        assert host == name or host in node["networks"]["default"]["aliases"], name
+        mounts = named_mounts(node, rendered["volumes"])
+        data_volumes.add(mounts["/var/lib/rabbitmq"])
+        binds = {str(v).split(":")[1]: Path(str(v).split(":")[0]) for v in node["volumes"] if str(v).startswith("/")}
+        assert binds[CLUSTER_CONF_TARGET] == ROOT / "deploy" / "rabbitmq-cluster.conf", name
+        assert binds["/etc/rabbitmq/conf.d/90-warren.conf"] == ROOT / "deploy" / "rabbitmq.conf", name
+        assert binds[node["entrypoint"][1]] == NODE_ENTRYPOINT, name
+        # An entrypoint of the service's own drops the image's CMD: the service gives it back.
+        assert node["entrypoint"][0] == "/bin/sh" and node["command"] == image_command(), name
+        assert node["environment"]["RABBITMQ_CLUSTER_COOKIE"] == EXAMPLE["RABBITMQ_CLUSTER_COOKIE"], name
+        assert "rabbitmq-diagnostics" in node["healthcheck"]["test"], name
+        assert node["image"] == services["rabbitmq"]["image"], name
+    assert len(data_volumes) == 3 and "rabbitmq-data" not in data_volumes  # each its own, none the single broker's
+    for name in ("rabbitmq-2", "rabbitmq-3"):  # join a running first node rather than race it
+        assert services[name]["depends_on"] == {"rabbitmq": {"condition": "service_healthy"}}
+        assert "ports" not in services[name]
+    assert services["rabbitmq"]["ports"]  # the single broker's published ports stay on node 1
+
+
+def test_the_cluster_override_points_every_role_at_all_three_nodes_with_quorum_queues(tmp_path: Path) -> None:
+    single = docker_compose_config(ENV_EXAMPLE)["services"]
+    services = cluster_config(tmp_path)["services"]
+    hosts = {services[name]["hostname"] for name in CLUSTER_NODES}
+    for name in WARREN_SERVICES:
+        env = services[name]["environment"]
+        urls = [urlsplit(url) for url in env["WARREN_AMQP_URL"].split(",")]
+        assert {url.hostname for url in urls} == hosts, name
+        for url in urls:
+            assert (url.scheme, url.port, unquote(url.path)) == ("amqp", 5672, "//"), name
+            assert (url.username, url.password) == (EXAMPLE["RABBITMQ_DEFAULT_USER"], EXAMPLE["RABBITMQ_DEFAULT_PASS"])
+        assert env["WARREN_QUEUE_TYPE"] == "quorum", name
+        # Everything else is the single-broker file's, untouched.
+        others = {k: v for k, v in env.items() if k not in ("WARREN_AMQP_URL", "WARREN_QUEUE_TYPE")}
+        assert others == {k: v for k, v in single[name]["environment"].items() if k in others}, name
+        assert others.keys() == single[name]["environment"].keys() - {"WARREN_AMQP_URL", "WARREN_QUEUE_TYPE"}
+        assert services[name]["command"] == single[name]["command"], name
+        # A quorum queue's members are the nodes running when it is declared: wait for all three.
+        for node in CLUSTER_NODES:
+            assert services[name]["depends_on"][node] == {"condition": "service_healthy"}, (name, node)
+    assert services["coordinator"]["depends_on"]["learner"] == {"condition": "service_started"}
+    assert services["collector"]["scale"] == single["collector"]["scale"]
+
+
+def test_the_single_broker_file_does_not_change_with_the_cluster_variables(tmp_path: Path) -> None:
+    env_file = tmp_path / "with-cookie.env"
+    env_file.write_text(ENV_EXAMPLE.read_text() + "RABBITMQ_CLUSTER_COOKIE=other-cookie-0123456789\n")
+    assert docker_compose_config(env_file) == docker_compose_config(ENV_EXAMPLE)
+
+
+def test_the_cluster_refuses_to_start_without_a_cookie(tmp_path: Path) -> None:
+    env_file = tmp_path / "no-cookie.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in EXAMPLE.items() if k != "RABBITMQ_CLUSTER_COOKIE"))
+    done = run_docker_compose_config(env_file, COMPOSE_FILE, CLUSTER_FILE)
+    assert done.returncode != 0
+    assert "RABBITMQ_CLUSTER_COOKIE" in done.stderr
+
+
+def image_command() -> list[str]:
+    """The broker image's CMD, as the local image's Containerfile (and the official image) set it."""
+    containerfile = (ROOT / "deploy" / "local-images" / "rabbitmq" / "Containerfile").read_text()
+    match = re.search(r"^CMD (\[.*\])$", containerfile, re.MULTILINE)
+    assert match is not None
+    command: list[str] = json.loads(match.group(1))
+    return command
+
+
+def run_node_entrypoint(tmp_path: Path, cookie: str | None, entrypoints: tuple[str, ...]) -> tuple[int, str]:
+    """Run deploy/cluster-node with stand-ins for the images' entry points, which report what they got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in entrypoints:
+        stub = bin_dir / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $* cookie-var=${{RABBITMQ_CLUSTER_COOKIE:-unset}}"\n')
+        stub.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "WARREN_COOKIE_FILE": str(tmp_path / ".erlang.cookie")}
+    if cookie is not None:
+        env["RABBITMQ_CLUSTER_COOKIE"] = cookie
+    done = subprocess.run(
+        ["/bin/sh", str(NODE_ENTRYPOINT), "start", "--the-node"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "entrypoints", [("docker-entrypoint.sh",), ("rabbitmq-entrypoint",)], ids=["official", "local"]
+)
+def test_the_node_entrypoint_writes_an_owner_only_cookie_then_runs_the_images_own(
+    tmp_path: Path, entrypoints: tuple[str, ...]
+) -> None:
+    cookie_file = tmp_path / ".erlang.cookie"
+    cookie_file.write_text("left-by-an-earlier-start")
+    cookie_file.chmod(0o400)
+    code, output = run_node_entrypoint(tmp_path, "c00kie0123456789", entrypoints)
+    assert code == 0, output
+    assert output.strip() == f"{entrypoints[0]} start --the-node cookie-var=unset"  # arguments passed on
+    assert cookie_file.read_text() == "c00kie0123456789"  # .env wins over the volume
+    assert cookie_file.stat().st_mode & 0o777 == 0o400  # Erlang refuses a cookie others can read
+
+
+def test_the_node_entrypoint_refuses_an_empty_cookie(tmp_path: Path) -> None:
+    code, output = run_node_entrypoint(tmp_path, "", ("docker-entrypoint.sh",))
+    assert code == 64 and "RABBITMQ_CLUSTER_COOKIE" in output
+    assert not (tmp_path / ".erlang.cookie").exists()
+
+
+def test_both_images_read_the_cookie_where_the_node_entrypoint_writes_it() -> None:
+    # The official image sets HOME=/var/lib/rabbitmq; the local image's entry point gives
+    # the server the same HOME, and Erlang reads $HOME/.erlang.cookie.
+    written = re.search(r"cookie_file=\$\{WARREN_COOKIE_FILE:-([^}]+)\}", NODE_ENTRYPOINT.read_text())
+    assert written is not None and written.group(1) == "/var/lib/rabbitmq/.erlang.cookie"
+    local = (ROOT / "deploy" / "local-images" / "rabbitmq" / "entrypoint").read_text()
+    assert "HOME=/var/lib/rabbitmq" in local
+    assert "rabbitmq-entrypoint" in (ROOT / "deploy" / "local-images" / "rabbitmq" / "Containerfile").read_text()
