@@ -144,12 +144,11 @@ class RpcServer:
         """Serve ``handler`` on ``decl.name``; may be called before or after :meth:`start`.
 
         ``quick`` answers the requests it can right on the I/O thread, saving the two thread
-        hand-offs of a handler thread (about half of a cheap call's time in the worker): it
+        hand-offs of a handler thread (most of a cheap request's time in the worker): it
         gets the decoded body of every small, well-formed request and returns the result, or
-        ``None`` to leave the request to ``handler``. It must return within microseconds:
-        no blocking, no lock that slow code holds, no broker work, no raising (an exception
-        also leaves the request to ``handler``). Its reply is not confirmed; the request is
-        acked after it, as for every reply.
+        ``None`` to leave the request to ``handler`` (an exception does the same). It must
+        return within microseconds: no blocking, no lock that slow code holds, no broker
+        work. Its reply is not confirmed; the request is acked after it, as for every reply.
         """
         consumer = _Consumer(decl, handler, prefetch, declare, quick)
         self._submit_op(lambda: self._add(consumer))
