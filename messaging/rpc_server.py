@@ -4,15 +4,20 @@ Threads:
 
 * the **I/O thread** owns the consuming connection. It only moves messages: it hands
   each delivery to the handler threads and settles (acks/nacks) what they finished, so
-  heartbeats keep flowing however long a handler runs;
+  heartbeats keep flowing however long a handler runs. The one exception is a queue's
+  ``quick`` handler (:meth:`RpcServer.add_queue`), which answers requests that take
+  microseconds (``resource``) right there, without the two thread hand-offs;
 * **handler threads** (``threads`` of them) decode and dispatch to the queue's handler,
-  then hand the reply back to the I/O thread, which publishes it with a publisher
-  confirm and only then acks the request.
+  then hand the reply back to the I/O thread, which publishes it and only then acks the
+  request. A handler thread waits for that only when its handler asked to know whether
+  the reply arrived (a :class:`Reply` with callbacks: that reply is publisher-confirmed
+  first); otherwise it takes the next job at once.
 
-A request is acked after its reply is confirmed; if the process dies before, the
-broker redelivers it (at-least-once: handlers must tolerate a repeat). A request
-that cannot be decoded, has the wrong content type or no ``reply_to`` is
-dead-lettered, and answered with an error when it has a ``reply_to``.
+A request is acked after its reply was handed to the broker (and confirmed, for a
+:class:`Reply` with callbacks); if the process dies before, the broker redelivers it
+(at-least-once: handlers must tolerate a repeat). A request that cannot be decoded, has
+the wrong content type or no ``reply_to`` is dead-lettered, and answered with an error
+when it has a ``reply_to``.
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ class Reply:
 
 Handler = Callable[[Request], "dict[str, Any] | Reply"]
 
+QuickHandler = Callable[[Any], "dict[str, Any] | None"]
+"""Answers a decoded request body on the I/O thread, or returns ``None`` to leave it to the handler."""
+
+#: Requests larger than this are never decoded on the I/O thread for a quick handler.
+_QUICK_MAX_BYTES = 4096
+
 
 @dataclass
 class _Consumer:
@@ -77,14 +88,17 @@ class _Consumer:
     handler: Handler
     prefetch: int
     declare: bool
+    quick: QuickHandler | None = None
     subscription: Subscription | None = None
     paused: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Job:
     delivery: Delivery
     handler: Handler
+    handed_back: bool = False
+    """Set by the handler thread once the job's settle op is queued: the I/O thread finishes it."""
 
 
 class RpcServer:
@@ -103,7 +117,7 @@ class RpcServer:
         self.role = role
         self._consumers: dict[str, _Consumer] = {}
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._started = threading.Event()
         self._io_link: BrokerLink | None = None
@@ -118,9 +132,25 @@ class RpcServer:
 
     # -- configuration (thread-safe) ------------------------------------------------
 
-    def add_queue(self, decl: QueueDecl, handler: Handler, *, prefetch: int = 1, declare: bool = True) -> None:
-        """Serve ``handler`` on ``decl.name``; may be called before or after :meth:`start`."""
-        consumer = _Consumer(decl, handler, prefetch, declare)
+    def add_queue(
+        self,
+        decl: QueueDecl,
+        handler: Handler,
+        *,
+        prefetch: int = 1,
+        declare: bool = True,
+        quick: QuickHandler | None = None,
+    ) -> None:
+        """Serve ``handler`` on ``decl.name``; may be called before or after :meth:`start`.
+
+        ``quick`` answers the requests it can right on the I/O thread, saving the two thread
+        hand-offs of a handler thread (most of a cheap request's time in the worker): it
+        gets the decoded body of every small, well-formed request and returns the result, or
+        ``None`` to leave the request to ``handler`` (an exception does the same). It must
+        return within microseconds: no blocking, no lock that slow code holds, no broker
+        work. Its reply is not confirmed; the request is acked after it, as for every reply.
+        """
+        consumer = _Consumer(decl, handler, prefetch, declare, quick)
         self._submit_op(lambda: self._add(consumer))
 
     def remove_queue(self, name: str) -> None:
@@ -234,10 +264,10 @@ class RpcServer:
                 with self._in_flight_lock:
                     self._in_flight -= 1  # counted at dispatch; no handler will finish it
         deadline = time.monotonic() + self._stop_timeout_s
+        self._run_ops()  # settle ops finish their jobs: run them before each look at the count
         while self._busy() and time.monotonic() < deadline:
-            self._run_ops()
             link.process_events(0.2)
-        self._run_ops()
+            self._run_ops()
         for consumer in self._consumers.values():
             self._unsubscribe(consumer)
 
@@ -251,9 +281,27 @@ class RpcServer:
             # Only what process_events already received: polling again here could run a
             # wake-up meant for the next loop turn and leave an op waiting a whole turn.
             for delivery in sub.take_buffered() if sub is not None else []:
+                if consumer.quick is not None and self._answer_quick(consumer.quick, delivery):
+                    continue
                 with self._in_flight_lock:
                     self._in_flight += 1
                 self._jobs.put(_Job(delivery, consumer.handler))
+
+    def _answer_quick(self, quick: QuickHandler, delivery: Delivery) -> bool:
+        envelope = delivery.envelope
+        if len(envelope.body) > _QUICK_MAX_BYTES or _envelope_problem(envelope) is not None:
+            return False
+        try:
+            result = quick(decode(envelope.body))
+            body = None if result is None else encode(replies.ok(result), max_bytes=self.settings.max_message_bytes)
+        except Exception:  # the handler thread runs it again, and refuses or reports it properly
+            logger.debug("quick handler passed on request %s", envelope.correlation_id, exc_info=True)
+            return False
+        if body is None:
+            return False
+        self._publish_reply(envelope, body, confirm=False)
+        delivery.ack()
+        return True
 
     def _run_ops(self) -> None:
         while True:
@@ -330,11 +378,15 @@ class RpcServer:
                 try:
                     self._handle(link, job)
                 finally:
-                    with self._in_flight_lock:
-                        self._in_flight -= 1
-                    self._wake()
+                    if not job.handed_back:  # _handle failed before queueing the settle op
+                        self._job_done()
+                        self._wake()
         finally:
             link.close()
+
+    def _job_done(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
 
     def _keep_alive(self, link: BrokerLink) -> None:
         # An idle handler connection still owes the broker heartbeats.
@@ -355,11 +407,14 @@ class RpcServer:
                 problem = f"undecodable request: {exc.message}"
         if problem is not None:
             logger.warning("dead-lettering a request from %s: %s", envelope.queue, problem)
-            self._finish(job.delivery, replies.error(problem, {"message": "bad request"}), ack=False)
+            self._finish(job, replies.error(problem, {"message": "bad request"}), ack=False)
             return
         reply = self._run_handler(job.handler, Request(body, envelope, link))
-        confirm = reply.on_sent is not None or reply.on_failed is not None
-        sent = self._finish(job.delivery, reply.result, ack=True, confirm=confirm)
+        if reply.on_sent is None and reply.on_failed is None:
+            # Nobody needs the outcome: hand the reply over and take the next job at once.
+            self._finish(job, reply.result, ack=True)
+            return
+        sent = self._finish(job, reply.result, ack=True, confirm=True, wait=True)
         callback = reply.on_sent if sent else reply.on_failed
         if callback is not None:
             try:
@@ -382,15 +437,20 @@ class RpcServer:
             return Reply(replies.ok(result.result), result.on_sent, result.on_failed)
         return Reply(replies.ok(result))
 
-    def _finish(self, delivery: Delivery, reply: dict[str, Any], *, ack: bool, confirm: bool = False) -> bool:
+    def _finish(
+        self, job: _Job, reply: dict[str, Any], *, ack: bool, confirm: bool = False, wait: bool = False
+    ) -> bool:
         """Have the I/O thread publish ``reply`` (when there is a reply_to), then settle.
 
         Replies go out on the consuming connection, which keeps its heartbeats however long
-        the handler ran. A reply is confirmed by the broker before the request is acked only
-        when ``confirm`` (a handler that must know whether its reply arrived); otherwise a
-        lost reply is the caller's timeout, like a lost request. Returns whether the reply
-        was published (and, with ``confirm``, confirmed).
+        the handler ran; the request is acked after its reply was written to that connection.
+        A reply is confirmed by the broker before the request is acked only when ``confirm``
+        (a handler that must know whether its reply arrived); otherwise a lost reply is the
+        caller's timeout, like a lost request. With ``wait``, returns whether the reply was
+        published (and, with ``confirm``, confirmed); without, returns at once (``False``):
+        the job then counts as running until the I/O thread settled it.
         """
+        delivery = job.delivery
         envelope = delivery.envelope
         try:
             body = encode(reply, max_bytes=self.settings.max_message_bytes)
@@ -409,9 +469,13 @@ class RpcServer:
                 else:
                     delivery.nack(requeue=False)
             finally:
+                self._job_done()
                 done.set()
 
+        job.handed_back = True
         self._submit_op(on_io_thread)
+        if not wait:
+            return False
         if not done.wait(self.settings.connect_timeout_s + 30.0):
             logger.warning("reply to %s not settled in time", envelope.reply_to)
         return outcome[0]

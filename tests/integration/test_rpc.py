@@ -76,6 +76,39 @@ def test_handler_crash_is_an_error_reply_and_the_server_keeps_serving(client: Rp
     assert client.call(queue, {"name": "after"})["echo"]["name"] == "after"
 
 
+def test_a_quick_handler_answers_on_the_io_thread_and_leaves_the_rest_to_the_handler(
+    settings: Settings, link: BrokerLink
+) -> None:
+    # Given a server whose quick handler takes "quick", passes on the rest and has a bug
+    queue = Names(settings.prefix).collector_tasks
+    answered_on: list[str] = []
+
+    def quick(body: Any) -> dict[str, Any] | None:
+        if body.get("name") == "quick-bug":
+            raise RuntimeError("quick handler bug")
+        if body.get("name") != "quick":
+            return None
+        answered_on.append(threading.current_thread().name)
+        return {"quick": True}
+
+    srv = RpcServer(settings, "quick-server")
+    srv.add_queue(Names(settings.prefix).collector_tasks_decl(), echo_handler, quick=quick)
+    srv.start(wait_s=10)
+    try:
+        with RpcClient(settings, "test-client") as client:
+            # When we call it with each kind of request
+            assert client.call(queue, {"name": "quick"}) == {"quick": True}
+            assert client.call(queue, {"name": "slow"})["echo"] == {"name": "slow"}
+            assert client.call(queue, {"name": "quick-bug"})["echo"] == {"name": "quick-bug"}
+    finally:
+        srv.stop(5)
+    # Then only "quick" was answered by the I/O thread, and every request was acked (an
+    # unacked one would be back in the queue now that the server is gone)
+    assert answered_on == ["quick-server-io"]
+    assert link.queue_depth(queue) == 0
+    assert srv.error is None
+
+
 def test_call_to_a_missing_queue_fails_at_once(client: RpcClient, settings: Settings) -> None:
     started = time.monotonic()
     with pytest.raises(QueueNotFound):

@@ -33,13 +33,18 @@ from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 logger = logging.getLogger(__name__)
 
 
-def measured_resources() -> dict[str, int]:
-    """What this process can really use: visible GPUs and the CPUs it may run on."""
+def measured_resources(gpus: int | None = None) -> dict[str, int]:
+    """What this process can really use: visible GPUs and the CPUs it may run on.
+
+    Args:
+        gpus: the GPU count measured earlier (it cannot change while a process runs);
+            by default it is asked of torch.
+    """
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return {"gpu": int(torch.cuda.device_count()), "cpu": cpus}
+    return {"gpu": int(torch.cuda.device_count()) if gpus is None else gpus, "cpu": cpus}
 
 
 class CollectorWorker:
@@ -60,6 +65,8 @@ class CollectorWorker:
         self._lock = threading.Lock()
         self._run: CollectorRun | None = None
         self._envs: VecEnvBatch | None = None
+        # CUDA_VISIBLE_DEVICES is read once per process: measured once, `resource` only reads it.
+        self._gpus = int(torch.cuda.device_count())
         self.tasks_started = 0
 
     # -- lifecycle ------------------------------------------------------------------
@@ -75,10 +82,9 @@ class CollectorWorker:
         if swept:
             logger.info("removed %d temp files that crashed writers left behind", swept)
         prefetch = self.config.transport.prefetch
-        self.server.add_queue(self.names.collector_tasks_decl(), self._on_shared_task, prefetch=prefetch)
-        self.server.add_queue(
-            self.names.collector_control_decl(self.config.worker_id), self._on_control_task, prefetch=4
-        )
+        tasks, control = self.names.collector_tasks_decl(), self.names.collector_control_decl(self.config.worker_id)
+        self.server.add_queue(tasks, self._on_shared_task, prefetch=prefetch, quick=self._quick_task)
+        self.server.add_queue(control, self._on_control_task, prefetch=4, quick=self._quick_task)
         self.server.start(wait_s=self.config.transport.connect_timeout_s + 10)
         logger.info(
             "worker %s serving %s and %s", self.config.worker_id, self.names.collector_tasks, self.control_queue
@@ -135,11 +141,15 @@ class CollectorWorker:
             return self._close()
         return self._start(request)
 
+    def _quick_task(self, body: Any) -> dict[str, Any] | None:
+        # On the RPC server's I/O thread: only `resource`, which reads memory and one syscall.
+        return self._resource() if task_name(body) is TaskName.RESOURCE else None
+
     def _resource(self) -> dict[str, Any]:
-        with self._lock:
-            run = self._run
+        # No lock: _start holds it while it builds envs, and one attribute read is atomic.
+        run = self._run
         return ResourceReply(
-            **measured_resources(),
+            **measured_resources(self._gpus),
             worker_id=self.config.worker_id,
             control_queue=self.control_queue,
             busy=run is not None,
