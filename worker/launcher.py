@@ -218,7 +218,7 @@ def preflight(config: Any) -> str | None:
 
 def remove_run_topology(transport: Settings, buffer_id: str) -> None:
     """Delete what the run declared under its own prefix (a dead-letter queue holding messages stays)."""
-    names = Names(transport.prefix)
+    names = Names.of(transport)
     quick = transport.replace(connect_timeout_s=PREFLIGHT_CONNECT_S)
     try:
         with BrokerLink(quick, "run-cleanup", reconnect=False) as link:

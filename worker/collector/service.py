@@ -51,7 +51,7 @@ class CollectorWorker:
 
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        self.names = Names(config.transport.prefix)
+        self.names = Names.of(config.transport)
         self.role = f"collector-{config.worker_id}"
         self.steps = StepStore(config.path_data, fsync=config.fsync)
         self.policies = PolicyStore(config.path_policy)
