@@ -65,6 +65,7 @@ class BrokerLink(QueueAdmin):
         self._one_shot: Subscription | None = None
         self._address: BrokerAddress | None = None
         self._nacks = NackStreak()
+        self._reopen_logged = False
         self.reconnects = 0
 
     # -- lifecycle ----------------------------------------------------------------
@@ -264,12 +265,18 @@ class BrokerLink(QueueAdmin):
                     self._reopen_confirm_channel()
             else:
                 self._nacks.acked()
+                self._reopen_logged = False
                 return
 
     def _reopen_confirm_channel(self) -> None:
         """Give up a channel the broker nacked ``limit`` times in a row (see :class:`NackStreak`)."""
         self._nacks.reopened()
-        logger.info("%s link: %d nacks in a row on %s; reopening the channel", self.role, self._nacks.limit, self.node)
+        # INFO once until the next ack (a full queue nobody reads nacks for long), then DEBUG.
+        level = logging.DEBUG if self._reopen_logged else logging.INFO
+        self._reopen_logged = True
+        logger.log(
+            level, "%s link: %d nacks in a row on %s; reopening the channel", self.role, self._nacks.limit, self.node
+        )
         channel, self._publish_channel = self._publish_channel, None
         if channel is not None and channel.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):

@@ -93,6 +93,7 @@ class PublisherIO:
         self._outbox = Outbox()
         self._streak = NackStreak()
         self._nacking_since: float | None = None
+        self._reopens_logged_at: float | None = None
         self._nack_backoff = Backoff(NACK_WAIT_FIRST_S, NACK_WAIT_MAX_S)
         self._declarations = Declarations()
         self._connect_backoff = connect_backoff()
@@ -330,7 +331,11 @@ class PublisherIO:
         # Only once no message sent is awaiting its confirm: one accepted would be sent twice.
         if self._streak.due and not self._outbox.awaiting_confirm:
             self._streak.reopened()
-            logger.info(
+            # INFO once per run of nacks (a full queue nobody reads nacks for long), then DEBUG.
+            first = self._reopens_logged_at != self._nacking_since
+            self._reopens_logged_at = self._nacking_since
+            logger.log(
+                logging.INFO if first else logging.DEBUG,
                 "%s publisher: %d nacks in a row on %s; reopening the channel before sending again",
                 self.role,
                 self._streak.limit,
