@@ -107,6 +107,7 @@ def warren_env(settings: Settings, workdir: Path) -> dict[str, str]:
     return {
         "WARREN_AMQP_URL": settings.amqp_url,
         "WARREN_PREFIX": settings.prefix,
+        "WARREN_QUEUE_TYPE": settings.queue_type,
         "WARREN_CONNECT_TIMEOUT_S": "10",
         "WARREN_PATH_DATA": str(workdir / "data"),
         "WARREN_PATH_POLICY": str(workdir / "policy"),

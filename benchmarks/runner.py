@@ -20,7 +20,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks import case_collector, case_e2e, case_rpc, case_scaling, case_steps, case_stream, sysinfo
+from benchmarks import (
+    case_collector,
+    case_e2e,
+    case_queue_type,
+    case_rpc,
+    case_scaling,
+    case_steps,
+    case_stream,
+    sysinfo,
+)
 from benchmarks.broker import BenchBroker
 from benchmarks.common import CaseContext, CaseResult
 from benchmarks.stats import Row, format_table, largest_gap
@@ -29,7 +38,8 @@ from messaging import redact_url
 RESULTS_DIR = Path(__file__).parent / "results"
 #: Cases in the order they run (cheapest first, whole jobs last).
 CASES: dict[str, ModuleType] = {
-    module.NAME: module for module in (case_steps, case_rpc, case_stream, case_collector, case_scaling, case_e2e)
+    module.NAME: module
+    for module in (case_steps, case_rpc, case_stream, case_queue_type, case_collector, case_scaling, case_e2e)
 }
 
 

@@ -175,8 +175,12 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def largest_gap(rows: Sequence[Row]) -> Row | None:
-    """The row where warren is furthest behind its baseline."""
-    scored = [(row.slowdown, row) for row in rows if row.slowdown is not None]
+    """The row where warren is furthest behind its baseline.
+
+    Rows comparing two warren configurations (``notes["versus"]``: quorum vs classic
+    queues) are not warren against a baseline, and are left out.
+    """
+    scored = [(row.slowdown, row) for row in rows if row.slowdown is not None and "versus" not in row.notes]
     if not scored:
         return None
     return max(scored, key=lambda pair: pair[0] or 0.0)[1]

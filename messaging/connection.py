@@ -8,8 +8,11 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import urlsplit
 
 import pika
 import pika.exceptions
@@ -24,11 +27,13 @@ from messaging.errors import (
     PublishRejected,
     QueueLocked,
     QueueNotFound,
+    QueueTypeMismatch,
 )
 from messaging.retry import connect_retrying
-from messaging.settings import Settings
+from messaging.settings import Settings, redact_url
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class _ExpectedOutcomes(logging.Filter):
@@ -99,9 +104,34 @@ def connection_name(role: str) -> str:
     return f"warren-{role}@{socket.gethostname()}:{os.getpid()}"
 
 
-def parameters(settings: Settings, role: str) -> pika.URLParameters:
-    """pika parameters with warren's heartbeat, blocked timeout, TLS and client name."""
-    params = pika.URLParameters(settings.amqp_url)
+def node_address(url: str) -> str:
+    """``host:port`` of an AMQP URL: how logs, errors and ``node`` properties name a broker node."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    default = 5671 if parts.scheme == "amqps" else 5672
+    return f"{parts.hostname or 'localhost'}:{port or default}"
+
+
+def failover_order(items: Sequence[_T], lost: int | None) -> list[_T]:
+    """``items`` in the order to try them: as given, or, after losing ``items[lost]``, starting
+    with the one after it and ending with it (a node that just failed is the least likely to answer)."""
+    if lost is None or not items:
+        return list(items)
+    start = (lost + 1) % len(items)
+    return [*items[start:], *items[:start]]
+
+
+def parameters(settings: Settings, role: str, url: str | None = None) -> pika.URLParameters:
+    """pika parameters with warren's heartbeat, blocked timeout, TLS and client name.
+
+    Args:
+        url: one of ``settings.amqp_urls`` (default: the first).
+    """
+    url = settings.amqp_urls[0] if url is None else url
+    params = pika.URLParameters(url)
     params.heartbeat = settings.heartbeat_s
     params.blocked_connection_timeout = settings.blocked_connection_timeout_s
     params.connection_attempts = 1  # retries are ours (tenacity), with jitter and a budget
@@ -111,7 +141,7 @@ def parameters(settings: Settings, role: str) -> pika.URLParameters:
         "product": "warren",
         "warren_role": role,
     }
-    if settings.amqp_url.startswith("amqps://"):
+    if url.startswith("amqps://"):
         try:
             context = ssl.create_default_context(cafile=settings.amqp_ca_file or None)
         except (OSError, ssl.SSLError) as exc:
@@ -122,22 +152,80 @@ def parameters(settings: Settings, role: str) -> pika.URLParameters:
     return params
 
 
-def connect(settings: Settings, role: str, *, timeout_s: float | None = None) -> BlockingConnection:
-    """Open a blocking connection, retrying with jittered backoff for ``timeout_s``.
+@dataclass(frozen=True)
+class BrokerAddress:
+    """One broker node of the settings' URL list: its position, ``host:port`` and pika parameters."""
+
+    index: int
+    node: str
+    params: pika.URLParameters
+
+
+def broker_addresses(settings: Settings, role: str) -> list[BrokerAddress]:
+    """Every node of ``settings.amqp_url``, in the order given.
 
     Raises:
-        ConnectionFailed: the broker did not accept a connection in time, or refused the
-            credentials; the message names the URL with its password hidden.
+        ConfigurationError: a URL pika cannot parse, or an unusable CA bundle.
+    """
+    addresses = []
+    for index, url in enumerate(settings.amqp_urls):
+        try:
+            params = parameters(settings, role, url)
+        except ValueError as exc:  # pika's URL parsing
+            raise ConfigurationError(f"amqp_url {redact_url(url)} cannot be used: {exc}") from None
+        addresses.append(BrokerAddress(index, node_address(url), params))
+    return addresses
+
+
+@dataclass(frozen=True)
+class Connected:
+    """A new blocking connection and the node it reached."""
+
+    connection: BlockingConnection
+    address: BrokerAddress
+
+    @property
+    def node(self) -> str:
+        return self.address.node
+
+
+def connect(settings: Settings, role: str, *, timeout_s: float | None = None) -> BlockingConnection:
+    """Open a blocking connection to the first node that answers (see :func:`open_connection`)."""
+    return open_connection(settings, role, timeout_s=timeout_s).connection
+
+
+def open_connection(
+    settings: Settings, role: str, *, timeout_s: float | None = None, lost: int | None = None
+) -> Connected:
+    """Open a blocking connection, retrying with jittered backoff for ``timeout_s``.
+
+    Each attempt tries every node of ``settings.amqp_url`` in turn (:func:`failover_order`:
+    after losing node ``lost``, the next one first), so a dead node costs one refused
+    connect, and the backoff only starts once no node answered.
+
+    Raises:
+        ConnectionFailed: no node accepted a connection in time, or the broker refused the
+            credentials; the message names the URLs with their passwords hidden.
     """
     budget = settings.connect_timeout_s if timeout_s is None else timeout_s
-    params = parameters(settings, role)
+    addresses = broker_addresses(settings, role)
     started = time.monotonic()
     attempts = 0
 
-    def attempt() -> BlockingConnection:
+    def attempt() -> Connected:
         nonlocal attempts
         attempts += 1
-        return BlockingConnection(params)
+        error: BaseException | None = None
+        for address in failover_order(addresses, lost):
+            try:
+                return Connected(BlockingConnection(address.params), address)
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                if not is_retryable_connect_error(exc):
+                    raise  # a refusal of the credentials: every node shares them
+                logger.debug("%s: node %s did not answer: %s", role, address.node, failure_reason(exc))
+                error = exc
+        assert error is not None
+        raise error
 
     def retrying(attempt_number: int, error: BaseException, wait_s: float) -> None:
         # One warning per outage (the first failed attempt); the attempts after it only at DEBUG.
@@ -154,7 +242,9 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
         )
 
     try:
-        return connect_retrying(timeout_s=budget, retry_if=is_retryable_connect_error, on_retry=retrying)(attempt)
+        connected: Connected = connect_retrying(
+            timeout_s=budget, retry_if=is_retryable_connect_error, on_retry=retrying
+        )(attempt)
     except _FATAL_CONNECT_ERRORS as exc:
         if is_retryable_connect_error(exc):  # the retry budget ran out on cut handshakes
             raise ConnectionFailed(
@@ -167,6 +257,7 @@ def connect(settings: Settings, role: str, *, timeout_s: float | None = None) ->
             f"could not connect to {settings.redacted_url} after {attempts} attempts in {elapsed:.1f} s: "
             f"{failure_reason(exc)}"
         ) from None
+    return connected
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -218,6 +309,12 @@ def translate(exc: BaseException, what: str) -> MessagingError:
             return QueueNotFound(f"{what}: {exc.reply_text}")
         if exc.reply_code == 405:
             return QueueLocked(f"{what}: {exc.reply_text}")
+        if exc.reply_code == 406 and "x-queue-type" in str(exc.reply_text):
+            return QueueTypeMismatch(
+                f"{what}: the queue exists with another queue type ({exc.reply_text}). Every process of a "
+                "deployment must use the same WARREN_QUEUE_TYPE (--queue-type), and a queue cannot change "
+                "type: delete it, or use another WARREN_PREFIX, to switch"
+            )
         return ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})")
     if isinstance(
         exc,

@@ -50,6 +50,14 @@ class QueueLocked(ChannelError):
     """The queue is exclusive to another connection (it exists, but is not ours to use)."""
 
 
+class QueueTypeMismatch(ChannelError, ConfigurationError):
+    """A queue exists with another type (classic or quorum) than ``WARREN_QUEUE_TYPE`` declares it.
+
+    A configuration error as much as a broker refusal: the broker cannot convert a queue,
+    so retrying cannot help; the processes of one deployment disagree on the setting.
+    """
+
+
 class PublishRejected(MessagingError):
     """The broker did not accept a published message (nack: queue full, disk alarm...)."""
 

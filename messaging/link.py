@@ -6,9 +6,10 @@ RabbitMQ its own :class:`BrokerLink`. The only call another thread may make is
 acks and replies computed on a worker thread reach the consuming thread.
 
 A link re-establishes itself after a connection loss: it reconnects with the
-connect retry policy, redeclares every queue it declared and resubscribes every
-subscription. Deliveries received before the loss cannot be acked any more (the
-broker has already requeued them); acking one is a logged no-op.
+connect retry policy (to another node of the URL list first, when there are several:
+failover), redeclares every queue it declared and resubscribes every subscription.
+Deliveries received before the loss cannot be acked any more (the broker has already
+requeued them); acking one is a logged no-op.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
 from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION
-from messaging.connection import connect, translated
-from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, QueueNotFound
+from messaging.connection import BrokerAddress, open_connection, translated
+from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, PublishRejected, QueueNotFound
 from messaging.queue_admin import QueueAdmin
 from messaging.settings import Settings
 from messaging.subscription import Delivery, Subscription
 from messaging.topology import Names, QueueDecl
+from messaging.unconfirmed import NackStreak
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class BrokerLink(QueueAdmin):
     def __init__(self, settings: Settings, role: str, *, reconnect: bool = True) -> None:
         self.settings = settings
         self.role = role
-        self.names = Names(settings.prefix)
+        self.names = Names.of(settings)
         self._reconnect_enabled = reconnect
         self._conn: BlockingConnection | None = None
         self._publish_channel: BlockingChannel | None = None
@@ -61,6 +63,9 @@ class BrokerLink(QueueAdmin):
         self._generation = 0
         self._closed = False
         self._one_shot: Subscription | None = None
+        self._address: BrokerAddress | None = None
+        self._nacks = NackStreak()
+        self._reopen_logged = False
         self.reconnects = 0
 
     # -- lifecycle ----------------------------------------------------------------
@@ -86,6 +91,15 @@ class BrokerLink(QueueAdmin):
         return self._conn is not None and self._conn.is_open
 
     @property
+    def node(self) -> str | None:
+        """``host:port`` of the broker node the live connection is on; ``None`` while disconnected.
+
+        With several URLs in ``WARREN_AMQP_URL``, which node a process reached (the first that
+        answered; after a loss, another one first).
+        """
+        return self._address.node if self.is_open and self._address is not None else None
+
+    @property
     def generation(self) -> int:
         """Counts the connections this link opened: deliveries of an older one cannot be settled."""
         return self._generation
@@ -95,9 +109,13 @@ class BrokerLink(QueueAdmin):
             raise ConnectionClosed(f"{self.role} link is closed")
         if self._conn is not None and self._conn.is_open:
             return self._conn
-        self._conn = connect(self.settings, self.role)
+        lost = self._address.index if self._address is not None else None
+        connected = open_connection(self.settings, self.role, lost=lost)
+        self._conn, self._address = connected.connection, connected.address
         if self._generation > 0:
-            logger.warning("%s link reconnected", self.role)
+            logger.warning("%s link reconnected to %s", self.role, connected.node)
+        elif len(self.settings.amqp_urls) > 1:
+            logger.info("%s link connected to %s", self.role, connected.node)
         self._generation += 1
         self._publish_channel = self._unconfirmed_channel = None
         try:
@@ -122,7 +140,8 @@ class BrokerLink(QueueAdmin):
         """After a connection loss: reconnect, or re-raise when reconnecting is off."""
         if not self._reconnect_enabled or self._closed:
             raise error
-        logger.warning("%s link lost (%s); reconnecting", self.role, error.message)
+        node = self._address.node if self._address is not None else "the broker"
+        logger.warning("%s link lost (%s, on %s); reconnecting", self.role, error.message, node)
         self._drop()
         self.reconnects += 1
         self._ensure()
@@ -143,10 +162,11 @@ class BrokerLink(QueueAdmin):
     def _declare_base(self) -> None:
         assert self._conn is not None
         channel = self._conn.channel()
-        with translated("declaring the dead-letter exchange"):
+        decl = self.names.dead_letter_queue_decl()
+        with translated(f"declaring the dead-letter exchange and queue {decl.name}"):
             channel.exchange_declare(self.names.dead_letter_exchange, exchange_type="fanout", durable=True)
-            channel.queue_declare(self.names.dead_letter_queue, durable=True)
-            channel.queue_bind(self.names.dead_letter_queue, self.names.dead_letter_exchange)
+            channel.queue_declare(decl.name, durable=decl.durable, arguments=decl.arguments)
+            channel.queue_bind(decl.name, self.names.dead_letter_exchange)
             channel.close()
 
     def _declare_on(self, channel: BlockingChannel, decl: QueueDecl) -> None:
@@ -198,7 +218,10 @@ class BrokerLink(QueueAdmin):
 
         With ``mandatory`` (the default) a missing queue is an error at once, not a
         silently dropped message. After a connection loss the message is published
-        again on the new connection: delivery is at-least-once.
+        again on the new connection: delivery is at-least-once. A nacked message is sent
+        again at once, on a new channel after :data:`~messaging.unconfirmed.NACKS_BEFORE_REOPEN`
+        nacks in a row (see :class:`~messaging.unconfirmed.NackStreak`), before
+        :class:`PublishRejected` is raised.
 
         ``confirm=False`` skips the wait (one broker round trip) for messages whose loss
         the caller detects anyway, such as RPC requests and replies (the caller times out).
@@ -229,7 +252,40 @@ class BrokerLink(QueueAdmin):
                 self._publish_channel = self._unconfirmed_channel = None
                 raise
 
-        self._with_recovery(run)
+        if not confirm:
+            self._with_recovery(run)
+            return
+        for attempt in range(self._nacks.limit + 1):
+            try:
+                self._with_recovery(run)
+            except PublishRejected:
+                if attempt == self._nacks.limit:
+                    raise
+                if self._nacks.nacked():
+                    self._reopen_confirm_channel()
+            else:
+                self._nacks.acked()
+                self._reopen_logged = False
+                return
+
+    def _reopen_confirm_channel(self) -> None:
+        """Give up a channel the broker nacked ``limit`` times in a row (see :class:`NackStreak`)."""
+        self._nacks.reopened()
+        # INFO once until the next ack (a full queue nobody reads nacks for long), then DEBUG.
+        level = logging.DEBUG if self._reopen_logged else logging.INFO
+        self._reopen_logged = True
+        logger.log(
+            level, "%s link: %d nacks in a row on %s; reopening the channel", self.role, self._nacks.limit, self.node
+        )
+        channel, self._publish_channel = self._publish_channel, None
+        if channel is not None and channel.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                channel.close()
+
+    @property
+    def channel_reopens(self) -> int:
+        """Confirm channels given up after nacks in a row."""
+        return self._nacks.reopens
 
     def was_returned(self, correlation_id: str) -> bool:
         """Whether an unconfirmed ``mandatory`` message with this correlation id came back unroutable."""

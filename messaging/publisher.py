@@ -37,7 +37,7 @@ from typing import Any, Final
 import pika
 
 from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION
-from messaging.connection import parameters
+from messaging.connection import broker_addresses
 from messaging.declarations import PendingCall
 from messaging.errors import ConfigurationError, ConnectionClosed, ConnectionFailed, MessagingError
 from messaging.publisher_io import CLOSE_GRACE_S, PublisherIO
@@ -99,11 +99,8 @@ class ConfirmedPublisher:
             raise ConnectionClosed(f"{self.role} publisher is closed; open a new one")
         if self._io is not None:
             return self
-        try:
-            params = parameters(self.settings, self.role)
-        except ValueError as exc:  # pika's URL parsing
-            raise ConfigurationError(f"amqp_url {self.settings.redacted_url} cannot be used: {exc}") from None
-        io = PublisherIO(params, self.settings, self.role, self._shared, stall_timeout_s=self.stall_timeout_s)
+        addresses = broker_addresses(self.settings, self.role)
+        io = PublisherIO(addresses, self.settings, self.role, self._shared, stall_timeout_s=self.stall_timeout_s)
         self._io = io
         self._thread = threading.Thread(target=io.run, name=f"warren-publisher-{self.role}", daemon=True)
         self._thread.start()
@@ -237,6 +234,16 @@ class ConfirmedPublisher:
     @property
     def reconnects(self) -> int:
         return 0 if self._io is None else self._io.reconnects
+
+    @property
+    def channel_reopens(self) -> int:
+        """Channels given up after nacks in a row (a quorum queue's channel stuck after a leader loss)."""
+        return 0 if self._io is None else self._io.channel_reopens
+
+    @property
+    def node(self) -> str | None:
+        """``host:port`` of the broker node the publisher is connected to; ``None`` while disconnected."""
+        return None if self._io is None else self._io.node
 
     def _require_open(self) -> PublisherIO:
         if self._io is None or self._closed:

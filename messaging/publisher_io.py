@@ -7,8 +7,11 @@ bookkeeping of sent messages by delivery tag. Other threads reach it only throug
 :class:`~messaging.unconfirmed.UnconfirmedWindow`.
 
 Messages are sent in publish order. A nacked message (a full ``reject-publish`` queue)
-is sent again after a jittered backoff, and newer messages wait meanwhile; after a lost
-connection, every unconfirmed message is sent again, in publish order, on the next one.
+is sent again after a jittered backoff, and newer messages wait meanwhile; after
+:data:`~messaging.unconfirmed.NACKS_BEFORE_REOPEN` nacks in a row the channel is
+reopened first (a quorum queue's channel can stay nacked for ever after a leader loss).
+After a lost connection, every unconfirmed message is sent again, in publish order, on
+the next one, which tries the other nodes of the URL list first (failover).
 """
 
 from __future__ import annotations
@@ -26,23 +29,25 @@ import pika.spec
 from pika.adapters.select_connection import IOLoop
 from pika.channel import Channel
 
-from messaging.connection import is_retryable_connect_error, report_connection_events_here, translate
+from messaging.connection import (
+    BrokerAddress,
+    failover_order,
+    is_retryable_connect_error,
+    report_connection_events_here,
+    translate,
+)
 from messaging.declarations import Declarations, PendingCall
 from messaging.errors import ConnectionClosed, ConnectionFailed, MessagingError, QueueNotFound, StreamStalled
 from messaging.retry import Backoff, connect_backoff
 from messaging.settings import Settings
 from messaging.topology import QueueDecl
-from messaging.unconfirmed import Outbox, Outgoing, UnconfirmedWindow
+from messaging.unconfirmed import NackStreak, Outbox, Outgoing, UnconfirmedWindow
 
 logger = logging.getLogger(__name__)
 
 #: Wait before a nacked message is sent again: first ceiling and largest ceiling (jittered).
 NACK_WAIT_FIRST_S: Final = 0.025
 NACK_WAIT_MAX_S: Final = 0.5
-#: Nacks in a row, without an ack, after which the channel is reopened before resending:
-#: a channel whose first publish hit a quorum queue during a leader change is nacked forever.
-#: (Only once no message sent is awaiting its confirm: one accepted would be sent twice.)
-NACKS_BEFORE_REOPEN: Final = 5
 #: How long a closing connection may take to hear the broker's Close-Ok.
 CLOSE_GRACE_S: Final = 2.0
 
@@ -51,7 +56,7 @@ class PublisherIO:
     """Connection, channel, confirms and reconnects of one publisher, on its own thread.
 
     Args:
-        params: pika parameters (:func:`messaging.connection.parameters`).
+        addresses: the broker nodes to try in turn (:func:`messaging.connection.broker_addresses`).
         settings: for the connect budget and the URL shown in errors.
         role: shown in logs and errors.
         window: shared with the publishing threads.
@@ -60,14 +65,16 @@ class PublisherIO:
 
     def __init__(
         self,
-        params: pika.ConnectionParameters,
+        addresses: list[BrokerAddress],
         settings: Settings,
         role: str,
         window: UnconfirmedWindow,
         *,
         stall_timeout_s: float | None,
     ) -> None:
-        self.params = params
+        if not addresses:
+            raise ValueError("no broker address")
+        self.addresses = addresses
         self.settings = settings
         self.role = role
         self.window = window
@@ -78,10 +85,15 @@ class PublisherIO:
         self.nacks = 0
         self.reconnects = 0
         self._conn: pika.SelectConnection | None = None
+        self._address = addresses[0]  # the node of the current (or next) connection attempt
+        self._to_try: list[BrokerAddress] = []  # the rest of this round of the nodes
+        self.node: str | None = None
+        """``host:port`` of the node the live connection is on; ``None`` while disconnected."""
         self._channel: Channel | None = None  # set only while publishing is possible
         self._outbox = Outbox()
-        self._nack_streak = 0
+        self._streak = NackStreak()
         self._nacking_since: float | None = None
+        self._reopens_logged_at: float | None = None
         self._nack_backoff = Backoff(NACK_WAIT_FIRST_S, NACK_WAIT_MAX_S)
         self._declarations = Declarations()
         self._connect_backoff = connect_backoff()
@@ -146,8 +158,13 @@ class PublisherIO:
 
     def _connect(self) -> None:
         self._timers.pop("connect", None)
+        if not self._to_try:
+            # A new round of every node; after a loss, the lost node comes last.
+            lost = self._address.index if self.reconnects else None
+            self._to_try = failover_order(self.addresses, lost)
+        self._address = self._to_try.pop(0)
         self._conn = pika.SelectConnection(
-            self.params,
+            self._address.params,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_connect_failed,
             on_close_callback=self._on_connection_closed,
@@ -163,8 +180,10 @@ class PublisherIO:
             self._fail(ConnectionFailed(f"broker at {url} refused the credentials or vhost: {error!r}"))
         elif self.window.failure is None:
             self._last_connect_error = error
-            logger.debug("%s publisher: connection attempt failed: %r", self.role, error)
-            self._timers["connect"] = self.ioloop.call_later(self._connect_backoff.next_wait(), self._connect)
+            logger.debug("%s publisher: node %s did not answer: %r", self.role, self._address.node, error)
+            # The next node of this round at once; the backoff only once no node answered.
+            wait_s = self._connect_backoff.next_wait() if not self._to_try else 0.0
+            self._timers["connect"] = self.ioloop.call_later(wait_s, self._connect)
 
     def _on_outage_expired(self) -> None:
         self._timers.pop("outage", None)
@@ -180,6 +199,7 @@ class PublisherIO:
             return
         self._conn = None
         self._channel = None
+        self.node = None
         self._declarations.connection_lost()
         if self._stopping:
             self.ioloop.stop()
@@ -187,8 +207,9 @@ class PublisherIO:
         if self.window.failure is not None:
             return
         logger.warning(
-            "%s publisher lost its connection (%s); reconnecting, %d messages unconfirmed",
+            "%s publisher lost its connection to %s (%s); reconnecting, %d messages unconfirmed",
             self.role,
+            self._address.node,
             _describe(reason),
             self.window.unconfirmed,
         )
@@ -197,6 +218,7 @@ class PublisherIO:
         self._resend_all()
         if "outage" not in self._timers:
             self._start_outage()
+        self._to_try = []  # a new round, starting after the node just lost
         self._connect()
 
     # -- the publishing channel ---------------------------------------------------------
@@ -222,9 +244,16 @@ class PublisherIO:
         if not channel.is_open or self._conn is None or self.window.failure is not None or self._stopping:
             return
         self._channel = channel
+        first = not self.opened.is_set()
+        self.node = self._address.node
+        self._to_try = []
         if self._reconnecting:
             self._reconnecting = False
-            logger.warning("%s publisher reconnected; resending %d messages", self.role, self._outbox.waiting)
+            logger.warning(
+                "%s publisher reconnected to %s; resending %d messages", self.role, self.node, self._outbox.waiting
+            )
+        elif first and len(self.addresses) > 1:
+            logger.info("%s publisher connected to %s", self.role, self.node)
         self._cancel_timer("outage")
         self.opened.set()
         self._declarations.run_requests(self._conn)
@@ -237,6 +266,11 @@ class PublisherIO:
             # The broker refused something on the channel itself (a message too large...):
             # sending the same again would be refused again.
             self._fail(translate(reason, f"{self.role} publisher"))
+
+    @property
+    def channel_reopens(self) -> int:
+        """Publishing channels given up after nacks in a row (see :class:`NackStreak`)."""
+        return self._streak.reopens
 
     def _reopen_channel(self) -> None:
         old, self._channel = self._channel, None
@@ -275,7 +309,7 @@ class PublisherIO:
     def _on_acked(self, count: int) -> None:
         if count:
             self.window.confirmed(count)
-        self._nack_streak = 0
+        self._streak.acked()
         self._nacking_since = None
         self._nack_backoff.reset()
 
@@ -283,7 +317,7 @@ class PublisherIO:
         if not messages:
             return
         self.nacks += len(messages)
-        self._nack_streak += len(messages)
+        self._streak.nacked(len(messages))
         self._outbox.refused.extend(messages)
         if self._nacking_since is None:
             self._nacking_since = time.monotonic()
@@ -294,8 +328,19 @@ class PublisherIO:
         self._timers.pop("nack", None)
         if not self._outbox.refused or self._channel is None or self._stalled():
             return
-        if self._nack_streak >= NACKS_BEFORE_REOPEN and not self._outbox.awaiting_confirm:
-            self._nack_streak = 0
+        # Only once no message sent is awaiting its confirm: one accepted would be sent twice.
+        if self._streak.due and not self._outbox.awaiting_confirm:
+            self._streak.reopened()
+            # INFO once per run of nacks (a full queue nobody reads nacks for long), then DEBUG.
+            first = self._reopens_logged_at != self._nacking_since
+            self._reopens_logged_at = self._nacking_since
+            logger.log(
+                logging.INFO if first else logging.DEBUG,
+                "%s publisher: %d nacks in a row on %s; reopening the channel before sending again",
+                self.role,
+                self._streak.limit,
+                self.node,
+            )
             self._reopen_channel()  # sending resumes, nacked messages first, once it is open
             return
         self._outbox.retry_refused()

@@ -212,6 +212,15 @@ class RpcServer:
         return self._io_link.reconnects if self._io_link is not None else 0
 
     @property
+    def node(self) -> str | None:
+        """``host:port`` of the broker node the consuming connection is on; ``None`` while disconnected.
+
+        With several nodes in ``WARREN_AMQP_URL``: which one this server's consumers (and
+        so its deliveries and its replies) depend on.
+        """
+        return self._io_link.node if self._io_link is not None else None
+
+    @property
     def running(self) -> bool:
         return self._io_thread is not None and self._io_thread.is_alive()
 

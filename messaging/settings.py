@@ -18,6 +18,8 @@ from messaging.errors import ConfigurationError
 ENV_PREFIX: Final = "WARREN_"
 _C = TypeVar("_C")
 _PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: Values of :attr:`Settings.queue_type`.
+QUEUE_TYPES: Final = ("classic", "quorum")
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,11 @@ class Settings:
     """
 
     amqp_url: str = "amqp://guest:guest@localhost:5672/%2F"
-    """Broker URL; ``amqps://`` enables TLS (see ``amqp_ca_file``)."""
+    """Broker URL; ``amqps://`` enables TLS (see ``amqp_ca_file``).
+
+    A comma-separated list names several nodes of one cluster (same credentials and vhost,
+    normally): connections try them in turn, and after losing one node fail over to the
+    next (see :attr:`amqp_urls`)."""
     amqp_ca_file: str = ""
     """CA bundle to verify the broker's certificate with ``amqps://``; empty: system CAs."""
     prefix: str = "warren"
@@ -56,11 +62,20 @@ class Settings:
     """An unused per-task metadata queue is deleted by the broker after this long."""
     reply_queue_expires_s: float = 300.0
     """An RPC client's reply queue outlives a dropped connection for this long, so replies wait for it."""
+    queue_type: str = "classic"
+    """How the durable queues (tasks, learner, metadata, dead letters) are declared: ``classic``,
+    or ``quorum`` (replicated on a cluster: they survive the loss of a node, and a publish is
+    confirmed once a majority holds it). Every process of a deployment must use the same:
+    the broker refuses to redeclare an existing queue with another type."""
 
     def __post_init__(self) -> None:
-        scheme = urlsplit(self.amqp_url).scheme
-        if scheme not in ("amqp", "amqps"):
-            raise ConfigurationError(f"amqp_url must start with amqp:// or amqps://, got {self.redacted_url!r}")
+        if not self.amqp_urls:
+            raise ConfigurationError("amqp_url names no broker")
+        for url in self.amqp_urls:
+            if urlsplit(url).scheme not in ("amqp", "amqps"):
+                raise ConfigurationError(f"amqp_url must start with amqp:// or amqps://, got {redact_url(url)!r}")
+        if self.queue_type not in QUEUE_TYPES:
+            raise ConfigurationError(f"queue_type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}")
         if not _PREFIX_RE.match(self.prefix):
             raise ConfigurationError(f"prefix must match {_PREFIX_RE.pattern}, got {self.prefix!r}")
         for name in ("heartbeat_s", "prefetch", "max_message_bytes", "metadata_queue_length"):
@@ -84,8 +99,13 @@ class Settings:
         return f"Settings({shown})"
 
     @property
+    def amqp_urls(self) -> tuple[str, ...]:
+        """Every broker address of :attr:`amqp_url`, in the order connections try them."""
+        return tuple(part.strip() for part in self.amqp_url.split(",") if part.strip())
+
+    @property
     def redacted_url(self) -> str:
-        """The broker URL with its password replaced by ``***``, safe for logs and errors."""
+        """The broker URL(s) with every password replaced by ``***``, safe for logs and errors."""
         return redact_url(self.amqp_url)
 
     @classmethod
@@ -104,7 +124,9 @@ class Settings:
 
 
 def redact_url(url: str) -> str:
-    """Hide the password of an AMQP URL."""
+    """Hide the password of an AMQP URL, or of every URL of a comma-separated list."""
+    if "," in url:
+        return ",".join(redact_url(part.strip()) for part in url.split(",") if part.strip())
     parts = urlsplit(url)
     if parts.password is None:
         return url

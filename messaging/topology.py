@@ -9,7 +9,14 @@ publishes or consumes, and again after each reconnect.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from messaging.settings import Settings
+
+#: Queue arguments a quorum queue refuses (406 on declare, RabbitMQ 3.10): dropped from
+#: quorum declarations. Not exclusive, not auto-delete, never transient either.
+QUORUM_REFUSED_ARGS: Final = frozenset({"x-max-priority", "x-queue-mode"})
 
 
 @dataclass(frozen=True)
@@ -25,9 +32,22 @@ class QueueDecl:
 
 @dataclass(frozen=True)
 class Names:
-    """Queue and exchange names of one deployment, all under ``prefix``."""
+    """Queue and exchange names of one deployment, all under ``prefix``, and their declarations.
+
+    ``queue_type`` (``Settings.queue_type``) decides how the durable queues are declared:
+    the task queue, the learner queues, the metadata queues and the dead-letter queue.
+    ``quorum`` adds ``x-queue-type: quorum`` and drops what a quorum queue refuses; the
+    control and reply queues stay classic either way (a control queue dies with its
+    worker's connection, a reply queue is transient: neither needs replicas).
+    """
 
     prefix: str = "warren"
+    queue_type: str = "classic"
+
+    @classmethod
+    def of(cls, settings: Settings) -> Names:
+        """The names and declarations of a deployment's :class:`~messaging.settings.Settings`."""
+        return cls(settings.prefix, settings.queue_type)
 
     @property
     def dead_letter_exchange(self) -> str:
@@ -65,11 +85,19 @@ class Names:
     def dead_letter_args(self) -> dict[str, Any]:
         return {"x-dead-letter-exchange": self.dead_letter_exchange}
 
+    def durable_decl(self, name: str, arguments: dict[str, Any] | None = None) -> QueueDecl:
+        """A durable queue of the deployment's queue type (the declaration every client must repeat)."""
+        args = dict(arguments or {})
+        if self.queue_type == "quorum":
+            args = {k: v for k, v in args.items() if k not in QUORUM_REFUSED_ARGS}
+            args["x-queue-type"] = "quorum"
+        return QueueDecl(name, durable=True, exclusive=False, auto_delete=False, arguments=args)
+
     def dead_letter_queue_decl(self) -> QueueDecl:
-        return QueueDecl(self.dead_letter_queue)
+        return self.durable_decl(self.dead_letter_queue)
 
     def collector_tasks_decl(self) -> QueueDecl:
-        return QueueDecl(self.collector_tasks, arguments=self.dead_letter_args())
+        return self.durable_decl(self.collector_tasks, self.dead_letter_args())
 
     def collector_control_decl(self, worker_id: str) -> QueueDecl:
         # Auto-delete: the queue dies with its one consumer, the worker's connection, so a task
@@ -87,10 +115,11 @@ class Names:
 
     def metadata_decl(self, task_id: str, *, max_length: int, expires_s: float) -> QueueDecl:
         # reject-publish makes a full queue nack the publish: that is the back-pressure
-        # that holds the collector when nobody reads, like DI-engine's Queue(8).
-        return QueueDecl(
+        # that holds the collector when nobody reads, like DI-engine's Queue(8). Quorum
+        # queues accept both (a nack there may leave the depth one over the limit).
+        return self.durable_decl(
             self.metadata(task_id),
-            arguments={
+            {
                 **self.dead_letter_args(),
                 "x-max-length": max_length,
                 "x-overflow": "reject-publish",
@@ -99,7 +128,7 @@ class Names:
         )
 
     def learner_data_decl(self, buffer_id: str) -> QueueDecl:
-        return QueueDecl(self.learner_data(buffer_id), arguments=self.dead_letter_args())
+        return self.durable_decl(self.learner_data(buffer_id), self.dead_letter_args())
 
     def reply_decl(self, client_id: str, *, expires_s: float) -> QueueDecl:
         # Not exclusive: a reply queue outlives a brief reconnect of its client (x-expires

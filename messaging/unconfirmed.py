@@ -234,3 +234,48 @@ class Outbox:
 
 def _by_seq(message: Outgoing) -> int:
     return message.seq
+
+
+#: Nacks in a row, without an ack in between, after which a publisher reopens its channel.
+NACKS_BEFORE_REOPEN: Final = 3
+
+
+class NackStreak:
+    """Nacks in a row on one publishing channel, and when to give that channel up.
+
+    Why: on RabbitMQ 3.10, a channel whose first publish to a quorum queue happens while
+    the queue still names its dead leader (just after a node loss) gets every publish
+    nacked, indefinitely, however often it is sent again; a new channel is accepted at
+    once. So after ``limit`` nacks without an ack in between, a publisher reopens its
+    channel and then sends the refused messages again. A full ``reject-publish`` queue
+    nacks in a row too; there a reopen costs one channel round trip and changes nothing.
+    Used by one thread (the publisher's I/O thread, or a link's thread).
+    """
+
+    def __init__(self, limit: int = NACKS_BEFORE_REOPEN) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        self.limit = limit
+        self.count = 0
+        """Nacks since the last ack or reopen."""
+        self.reopens = 0
+        """Channels given up so far."""
+
+    @property
+    def due(self) -> bool:
+        """Whether the channel should be reopened before anything is sent again."""
+        return self.count >= self.limit
+
+    def acked(self) -> None:
+        """The broker accepted a message: the channel works."""
+        self.count = 0
+
+    def nacked(self, messages: int = 1) -> bool:
+        """The broker refused ``messages`` (one nack may cover several); returns :attr:`due`."""
+        self.count += messages
+        return self.due
+
+    def reopened(self) -> None:
+        """The channel was replaced: a new one starts a new streak."""
+        self.count = 0
+        self.reopens += 1

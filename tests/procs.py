@@ -55,6 +55,7 @@ def role_env(settings: Settings, **extra: str) -> dict[str, str]:
     return {
         "WARREN_AMQP_URL": settings.amqp_url,
         "WARREN_PREFIX": settings.prefix,
+        "WARREN_QUEUE_TYPE": settings.queue_type,
         "WARREN_CONNECT_TIMEOUT_S": "10",
         "PYTHONUNBUFFERED": "1",
         **extra,

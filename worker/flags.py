@@ -25,6 +25,7 @@ TRANSPORT_FLAGS = (
     "connect_timeout_s",
     "rpc_timeout_s",
     "metadata_queue_length",
+    "queue_type",
 )
 
 
@@ -32,7 +33,9 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every role; each overrides the ``WARREN_*`` variable of the same name."""
     group = parser.add_argument_group("broker (flags override WARREN_* environment variables)")
     group.add_argument(
-        "--amqp-url", help="broker URL (WARREN_AMQP_URL; default amqp://guest:guest@localhost:5672/%%2F)"
+        "--amqp-url",
+        help="broker URL, or comma-separated URLs of a cluster's nodes, tried in turn "
+        "(WARREN_AMQP_URL; default amqp://guest:guest@localhost:5672/%%2F)",
     )
     group.add_argument("--amqp-ca-file", help="CA bundle for amqps:// (WARREN_AMQP_CA_FILE)")
     group.add_argument("--prefix", help="queue-name prefix (WARREN_PREFIX; default warren)")
@@ -45,6 +48,12 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
         "--metadata-queue-length",
         type=int,
         help="ready metadata per task before the collector is held (WARREN_METADATA_QUEUE_LENGTH; default 8)",
+    )
+    group.add_argument(
+        "--queue-type",
+        choices=["classic", "quorum"],
+        help="how the durable queues are declared; quorum: replicated, survives a node loss "
+        "(WARREN_QUEUE_TYPE; default classic; the same in every process of a deployment)",
     )
     output = parser.add_argument_group("output")
     output.add_argument(

@@ -256,7 +256,7 @@ def remove_run_topology(transport: Settings, buffer_id: str, identity: RunIdenti
     shared with collectors that joined from elsewhere, which keep consuming (idle) until
     they are stopped or the next run of the same name gives them work.
     """
-    names = Names(transport.prefix)
+    names = Names.of(transport)
     quick = transport.replace(connect_timeout_s=PREFLIGHT_CONNECT_S)
     try:
         with BrokerLink(quick, "run-cleanup", reconnect=False) as link:

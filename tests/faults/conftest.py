@@ -24,7 +24,7 @@ class Cluster:
         self.settings = settings
         self.root = root
         self.link = link
-        self.names = Names(settings.prefix)
+        self.names = Names.of(settings)
         self.data = root / "data"
         self.policy = root / "policy"
         self.run_log = root / "run.jsonl"

@@ -183,6 +183,28 @@ def test_a_new_policy_file_mid_task_raises_policy_iter(
     assert finish["train_iter"] == 7
 
 
+def test_a_repeated_start_of_the_running_task_gets_the_same_answer_and_another_task_is_refused(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings
+) -> None:
+    # Given a worker running a long task
+    start_worker("w1")
+    body = start_body("task-repeat", n_episode=None, n_sample=10**6)
+    del body["task_info"]["collector_cfg"]["n_episode"]
+    started = client.call(Names(settings.prefix).collector_tasks, body)
+    control = started["control_queue"]
+    # When the same start comes again (a redelivery after a lost connection)
+    again = client.call(control, body)
+    # Then the answer is the first one's: the task runs, here is its stream
+    assert again == started
+    # while the start of another task is refused as before
+    other = start_body("task-other", n_episode=None, n_sample=10**6)
+    del other["task_info"]["collector_cfg"]["n_episode"]
+    with pytest.raises(RemoteError) as refused:
+        client.call(control, other)
+    assert refused.value.result == {"message": "worker busy", "task_id": "task-repeat"}
+    client.call(control, {"name": "collector_close_task"})
+
+
 def test_eval_task_writes_no_step_data(
     start_worker: WorkerFactory, client: RpcClient, settings: Settings, volume: Path
 ) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pika
 import pytest
 
-from messaging import BrokerLink, Names, Settings
+from messaging import BrokerLink, ConfigurationError, Names, QueueTypeMismatch, Settings
 from messaging.rpc_client import RpcClient
 
 pytestmark = pytest.mark.rabbitmq
@@ -18,12 +18,21 @@ pytestmark = pytest.mark.rabbitmq
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
 
-def documented_declarations() -> list[tuple[str, str, set[str], dict[str, Any]]]:
-    """``(kind, name, flags, arguments)`` of every line of the declarations block in the doc."""
-    block = re.search(r"```text\nqueue +flags +arguments\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert block is not None, "docs/protocol.md lost its declarations block"
+#: The declarations blocks of the doc, in order: one per queue type.
+QUEUE_TYPES = ("classic", "quorum")
+
+
+def documented_declarations(queue_type: str) -> list[tuple[str, str, set[str], dict[str, Any]]]:
+    """``(kind, name, flags, arguments)`` of every line of the doc's declarations block for ``queue_type``."""
+    blocks = re.findall(
+        r"`WARREN_QUEUE_TYPE=(\w+)`[^\n]*(?:\n[^\n`]+)*\n\n```text\nqueue +flags +arguments\n(.*?)```",
+        DOC.read_text(),
+        re.DOTALL,
+    )
+    found = dict(blocks)
+    assert sorted(found) == sorted(QUEUE_TYPES), f"docs/protocol.md declarations blocks: {sorted(found)}"
     rows = []
-    for line in block.group(1).splitlines():
+    for line in found[queue_type].splitlines():
         kind = "exchange" if line.startswith("exchange ") else "queue"
         name, flags, arguments = re.split(r"\s{2,}", line.removeprefix("exchange ").strip())
         args: dict[str, Any] = {}
@@ -38,13 +47,15 @@ def _concrete(text: str, prefix: str) -> str:
     return re.sub(r"<[a-z_]+>", "doc1", text.replace("P.", f"{prefix}."))
 
 
-def test_every_queue_declared_as_documented_is_what_warren_declares(settings: Settings) -> None:
-    declarations = documented_declarations()
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+def test_every_queue_declared_as_documented_is_what_warren_declares(settings: Settings, queue_type: str) -> None:
+    settings = settings.replace(queue_type=queue_type)
+    declarations = documented_declarations(queue_type)
     assert {name for _, name, _, _ in declarations} >= {
         "P.collector.tasks", "P.collector.control.<id>", "P.metadata.<task_id>", "P.learner.<buffer_id>",
         "P.reply.<client_id>", "P.dead-letter", "P.dlx",
     }  # fmt: skip
-    names = Names(settings.prefix)
+    names = Names.of(settings)
     # Given a client that declares everything exactly as the doc says, on its own connection
     connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
     try:
@@ -90,3 +101,24 @@ def test_every_queue_declared_as_documented_is_what_warren_declares(settings: Se
     # and a client's reply queue is declared the same way by warren's own RPC client
     with RpcClient(settings, "doc1") as client:
         assert client.reply_queue.startswith(f"{settings.prefix}.reply.doc1-")
+    # and the durable queues are of the documented type, the others classic
+    durable = {name for kind, name, flags, _ in declarations if kind == "queue" and "durable" in flags}
+    for kind, name, _, args in declarations:
+        if kind == "queue":
+            wanted = queue_type if name in durable else "classic"
+            assert args.get("x-queue-type", "classic") == wanted, name
+
+
+def test_a_queue_of_the_other_type_is_refused_with_a_message_naming_queue_and_setting(settings: Settings) -> None:
+    # Given the task queue declared classic (a deployment started without WARREN_QUEUE_TYPE)
+    with BrokerLink(settings, "doc-classic") as link:
+        link.declare(Names.of(settings).collector_tasks_decl())
+        # When a process of the same deployment declares it as quorum
+        quorum = settings.replace(queue_type="quorum")
+        with pytest.raises(QueueTypeMismatch) as refused:
+            link.declare(Names.of(quorum).collector_tasks_decl())
+        link.delete_queue(Names.of(settings).collector_tasks)
+    # Then the error says which queue, and which setting to make agree
+    assert Names.of(settings).collector_tasks in refused.value.message
+    assert "WARREN_QUEUE_TYPE" in refused.value.message
+    assert isinstance(refused.value, ConfigurationError)

@@ -16,6 +16,8 @@ from messaging import (
     ChannelError,
     ConfirmedPublisher,
     ConnectionFailed,
+    Names,
+    PublishRejected,
     QueueDecl,
     QueueNotFound,
     Settings,
@@ -23,6 +25,7 @@ from messaging import (
     StreamStopped,
     Subscription,
 )
+from messaging.unconfirmed import NACKS_BEFORE_REOPEN
 from tests import broker_admin
 
 pytestmark = pytest.mark.rabbitmq
@@ -335,3 +338,59 @@ def test_close_leaves_no_thread_behind(settings: Settings) -> None:
             assert len(_publisher_threads()) == 1
     assert set(threading.enumerate()) - before == set()
     assert _publisher_threads() == []
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_nacks_in_a_row_reopen_the_channel_and_the_refused_messages_still_arrive_once(
+    settings: Settings, link: BrokerLink, queue_type: str
+) -> None:
+    # Given a full queue of either type that refuses publishes (reject-publish: each one is
+    # nacked), filled one confirmed message at a time (a quorum queue applies its limit
+    # once a publish is in its log: a burst can end over the limit), and nobody reading
+    queue = f"{settings.prefix}.nacked-{queue_type}"
+    decl = Names("unused", queue_type).durable_decl(queue, {"x-max-length": 1, "x-overflow": "reject-publish"})
+    link.declare(decl)
+    filled = 0
+    with pytest.raises(PublishRejected):
+        while filled < 10:
+            link.publish(queue, b"-1", persistent=True)
+            filled += 1
+    with ConfirmedPublisher(settings, "test-nacked", window=8) as publisher:
+        publisher.declare(decl)
+        # When a publisher sends 6 messages the broker nacks again and again
+        for i in range(6):
+            publisher.publish(queue, str(i).encode())
+        # Then it reopens its channel after NACKS_BEFORE_REOPEN nacks in a row, more than once
+        broker_admin.wait_until(lambda: publisher.channel_reopens >= 2, 30, "the channel reopened after nacks")
+        assert publisher.nacks >= 2 * NACKS_BEFORE_REOPEN
+        # and once a reader makes room, every message arrives, none twice
+        got: list[int] = []
+        with BrokerLink(settings, "test-nacked-reader") as reader_link:
+            sub = reader_link.subscribe(QueueDecl(queue), prefetch=1, declare=False)
+            reading = threading.Thread(target=lambda: got.extend(_drain(sub, until=5)))
+            reading.start()
+            publisher.flush(30)
+            reading.join(30)
+            tail = _read_all(settings, queue, idle_s=1.0)
+            reader_link.delete_queue(queue)
+    assert filled >= 1
+    assert sorted(n for n in got + tail if n >= 0) == list(range(6))
+
+
+def test_a_link_reopens_its_confirm_channel_after_nacks_in_a_row_before_giving_up(
+    settings: Settings, link: BrokerLink
+) -> None:
+    # Given a full queue that nacks every publish
+    queue = f"{settings.prefix}.link-nacked"
+    link.declare(_full_queue_decl(queue, 1))
+    link.publish(queue, b"0", persistent=True)
+    # When a confirmed publish is refused
+    with pytest.raises(PublishRejected):
+        link.publish(queue, b"1", persistent=True)
+    # Then the link sent it NACKS_BEFORE_REOPEN times, reopened its channel and sent it once more
+    assert link.channel_reopens == 1
+    # and once there is room again, the same link publishes on its new channel
+    link.delete_queue(queue)
+    link.declare(_full_queue_decl(queue, 1))
+    link.publish(queue, b"2", persistent=True)
+    assert link.queue_depth(queue) == 1

@@ -17,7 +17,7 @@ from messaging import codec
 
 
 def test_every_case_is_registered_with_a_name_and_title() -> None:
-    assert list(runner.CASES) == ["steps", "rpc", "stream", "collector", "scaling", "e2e"]
+    assert list(runner.CASES) == ["steps", "rpc", "stream", "queue-type", "collector", "scaling", "e2e"]
     for name, module in runner.CASES.items():
         assert name == module.NAME
         assert module.TITLE
@@ -46,6 +46,9 @@ def test_ratio_and_slowdown_follow_the_direction_of_the_metric() -> None:
     assert latency.ratio == 4.0 and latency.slowdown == 4.0
     assert largest_gap([rate, latency]) is latency
     assert Row("c", "alone", "s", "lower", Series.of([1.0])).ratio is None
+    # a comparison of two warren configurations is no gap behind a baseline
+    versus = Row("q", "rate", "items/s", "higher", Series.of([1.0]), Series.of([100.0]), notes={"versus": "queue type"})
+    assert largest_gap([rate, latency, versus]) is latency
 
 
 def test_table_has_one_line_per_row_and_aligned_columns() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from messaging import ConfigurationError, Names, Settings, redact_url
 from messaging.settings import to_env
+from worker.cli import build_parser
 from worker.config import CollectorConfig, CoordinatorConfig, LearnerConfig, role_config
 from worker.launcher import child_env
 
@@ -35,11 +36,32 @@ def test_environment_then_flags_override_defaults() -> None:
         ({"WARREN_AMQP_URL": "http://x"}, "amqp://"),
         ({"WARREN_PREFIX": "../etc"}, "prefix must match"),
         ({"WARREN_RPC_TIMEOUT_S": "-1"}, "rpc_timeout_s must be > 0"),
+        ({"WARREN_QUEUE_TYPE": "stream"}, "queue_type must be one of classic, quorum"),
+        ({"WARREN_AMQP_URL": "amqp://a:1/,http://b/"}, "amqp://"),
+        ({"WARREN_AMQP_URL": " , "}, "names no broker"),
     ],
 )
 def test_bad_values_are_configuration_errors(env: dict[str, str], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         Settings.from_env(env)
+
+
+def test_several_broker_urls_are_tried_in_the_order_given_and_every_password_is_hidden() -> None:
+    settings = Settings.from_env({"WARREN_AMQP_URL": "amqp://u:pw1@n1:5672/v, amqp://u:pw2@n2:5673/v,"})
+    assert settings.amqp_urls == ("amqp://u:pw1@n1:5672/v", "amqp://u:pw2@n2:5673/v")
+    assert settings.redacted_url == "amqp://u:***@n1:5672/v,amqp://u:***@n2:5673/v"
+    assert "pw" not in repr(settings)
+    assert Settings().amqp_urls == (Settings().amqp_url,)
+
+
+def test_the_queue_type_is_a_setting_with_a_flag_and_classic_by_default() -> None:
+    assert Settings.from_env({}).queue_type == "classic"
+    assert Settings.from_env({"WARREN_QUEUE_TYPE": "quorum"}).queue_type == "quorum"
+    for command in ("collector", "coordinator", "learner", "run"):
+        args = build_parser().parse_args([command, "--queue-type", "quorum"])
+        assert args.queue_type == "quorum"
+    config = role_config(CollectorConfig, {"WARREN_QUEUE_TYPE": "classic"}, queue_type="quorum")
+    assert config.transport.queue_type == "quorum"  # the flag wins
 
 
 def test_settings_are_frozen() -> None:
@@ -71,6 +93,7 @@ def test_every_setting_survives_the_trip_through_a_child_environment() -> None:
         metadata_queue_length=5,
         metadata_queue_expires_s=13.0,
         reply_queue_expires_s=14.0,
+        queue_type="quorum",
     )
     assert all(getattr(settings, f.name) != getattr(Settings(), f.name) for f in fields(Settings))
     # When a parent passes them as environment variables, a child reads back the same

@@ -9,7 +9,7 @@ import pika
 import pytest
 
 from messaging import ConnectionClosed, PublishTimeout, QueueNotFound, StreamStopped
-from messaging.unconfirmed import Outbox, Outgoing, UnconfirmedWindow
+from messaging.unconfirmed import NACKS_BEFORE_REOPEN, NackStreak, Outbox, Outgoing, UnconfirmedWindow
 
 
 def _messages(*seqs: int) -> list[Outgoing]:
@@ -135,3 +135,25 @@ def test_the_outbox_counts_what_awaits_a_confirm_on_the_current_channel() -> Non
     assert outbox.awaiting_confirm == 2  # 1 and 2: a new channel now would send them twice
     outbox.confirmed(3, multiple=True)
     assert outbox.awaiting_confirm == 0
+
+
+def test_a_nack_streak_asks_for_a_new_channel_after_the_limit_and_an_ack_resets_it() -> None:
+    # Given a streak with the shipped limit (3 nacks in a row)
+    streak = NackStreak()
+    assert streak.limit == NACKS_BEFORE_REOPEN == 3
+    # When nacks come with an ack in between, no reopen is due
+    assert not streak.nacked() and not streak.nacked()
+    streak.acked()
+    assert not streak.nacked() and not streak.nacked()
+    # When the third nack in a row comes (a multiple nack counts each message), then it is due
+    assert streak.nacked()
+    assert streak.due
+    streak.reopened()
+    # and a new channel starts a new streak
+    assert (streak.count, streak.reopens, streak.due) == (0, 1, False)
+    assert streak.nacked(messages=5) and streak.due
+
+
+def test_a_nack_streak_needs_a_positive_limit() -> None:
+    with pytest.raises(ValueError):
+        NackStreak(0)

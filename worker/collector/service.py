@@ -56,7 +56,7 @@ class CollectorWorker:
 
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        self.names = Names(config.transport.prefix)
+        self.names = Names.of(config.transport)
         self.role = f"collector-{config.worker_id}"
         self.steps = StepStore(config.path_data, fsync=config.fsync)
         self.policies = PolicyStore(config.path_policy)
@@ -165,6 +165,8 @@ class CollectorWorker:
             expires_s=self.config.transport.metadata_queue_expires_s,
         )
         with self._lock:
+            if self._run is not None and self._run.task_id == start.task_id:
+                return self._repeated_start(self._run, request, decl.name)
             if self._run is not None:
                 raise Refusal.WORKER_BUSY.error(
                     f"worker {self.config.worker_id} is busy with task {self._run.task_id}", task_id=self._run.task_id
@@ -198,6 +200,23 @@ class CollectorWorker:
         )
         reply = StartReply(self.config.worker_id, start.task_id, self.control_queue, decl.name)
         # Nobody heard that we started: do not keep a task that no coordinator will close.
+        return Reply(reply.to_wire(), on_failed=lambda: self._abandon(run, request.link))
+
+    def _repeated_start(self, run: CollectorRun, request: Request, metadata_queue: str) -> Reply:
+        """The start of the task this worker runs, again: the same answer as the first time.
+
+        The first request was redelivered (the connection it came on was lost before its
+        ack, as when a broker node dies, and its reply may be lost with it). Refusing it as
+        "worker busy" would make the caller start the task elsewhere while this worker runs
+        it for nobody until its stall timeout; the caller reads it instead.
+        """
+        logger.info(
+            "task %s: start request repeated (correlation_id %s%s); it runs already",
+            run.task_id,
+            request.envelope.correlation_id,
+            ", redelivered" if request.envelope.redelivered else "",
+        )
+        reply = StartReply(self.config.worker_id, run.task_id, self.control_queue, metadata_queue)
         return Reply(reply.to_wire(), on_failed=lambda: self._abandon(run, request.link))
 
     def _check_policy_path(self, start: StartTask) -> None:

@@ -56,7 +56,7 @@ class Coordinator:
         self.config = config
         self.job = config.job
         self.stop = stop or threading.Event()
-        self.names = Names(config.transport.prefix)
+        self.names = Names.of(config.transport)
         self.bus = bus if bus is not None else BrokerBus(config.transport)
         self.stats = RunStats()
         self.progress = Progress(config.progress)

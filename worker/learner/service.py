@@ -65,7 +65,7 @@ class Learner:
         self.config = config
         self.job = config.job
         self.stop = stop or threading.Event()
-        self.names = Names(config.transport.prefix)
+        self.names = Names.of(config.transport)
         self.steps = StepStore(config.path_data)
         self.policies = PolicyStore(config.path_policy)
         obs_dim, n_actions = _env_dims(self.job.env.id)
