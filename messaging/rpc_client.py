@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import time
@@ -10,7 +11,7 @@ from typing import Any
 
 from messaging import replies
 from messaging.codec import decode, encode
-from messaging.errors import DecodeError, MessagingError, QueueNotFound, RpcTimeout
+from messaging.errors import DecodeError, MessagingError, QueueNotFound, RemoteError, RpcTimeout
 from messaging.link import BrokerLink
 from messaging.settings import Settings
 from messaging.subscription import Envelope, Subscription
@@ -19,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 #: Longest a wait for a reply goes without checking whether its request came back unroutable.
 _RETURN_CHECK_S = 0.05
+#: Stray replies kept for :meth:`RpcClient.stray_replies`; older ones are forgotten.
+STRAY_KEPT = 64
 
 
 class RpcClient:
@@ -32,7 +35,7 @@ class RpcClient:
     ends in :class:`~messaging.errors.RpcTimeout` like any lost reply), unless it is sent
     ``durable``: persistent and confirmed, so it survives a broker restart while it waits
     in its queue. Replies that match no waiting call (late or unknown) are dropped with a
-    log line.
+    log line; the successful ones stay readable once through :meth:`stray_replies`.
 
     Args:
         settings: transport settings (``rpc_timeout_s`` is the default timeout).
@@ -49,6 +52,7 @@ class RpcClient:
         self._replies: Subscription | None = None
         self._waiting: set[str] = set()
         self._arrived: dict[str, Envelope] = {}
+        self._stray: collections.deque[Envelope] = collections.deque(maxlen=STRAY_KEPT)
         self.dropped_replies = 0
 
     @property
@@ -176,7 +180,23 @@ class RpcClient:
             self._arrived[corr] = envelope
             return
         self.dropped_replies += 1
+        self._stray.append(envelope)
         logger.info("dropping a late or unknown reply (correlation_id %s)", corr)
+
+    def stray_replies(self) -> list[dict[str, Any]]:
+        """Results of the successful replies no call waited for since the last look, oldest first.
+
+        A request can be run twice: a broker restart between a worker's reply and its ack
+        redelivers the request, to that worker or another, and the second reply finds no
+        call waiting. The caller may need to undo what that second run started (the
+        coordinator closes such a task). Replies that cannot be read are skipped.
+        """
+        found = []
+        while self._stray:
+            envelope = self._stray.popleft()
+            with contextlib.suppress(DecodeError, RemoteError):
+                found.append(self._unwrap(envelope))
+        return found
 
     def _ensure_replies(self) -> Subscription:
         if self._replies is None:

@@ -50,6 +50,8 @@ class FakeBus:
     sent: list[Sent] = field(default_factory=list)
     replies: dict[str, dict[str, Any] | RemoteError] = field(default_factory=dict)
     abandoned: list[str] = field(default_factory=list)
+    stray: list[dict[str, Any]] = field(default_factory=list)
+    """Results of replies no request waits for, as the next :meth:`stray_replies` returns them."""
     queues: dict[str, collections.deque[bytes]] = field(default_factory=dict)
     decoded: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     alive: set[str] = field(default_factory=set)
@@ -86,6 +88,10 @@ class FakeBus:
 
     def abandon(self, correlation_id: str) -> None:
         self.abandoned.append(correlation_id)
+
+    def stray_replies(self) -> list[dict[str, Any]]:
+        found, self.stray = self.stray, []
+        return found
 
     def stream(self, queue: str) -> FakeStream:
         if queue not in self.queues:

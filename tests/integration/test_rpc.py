@@ -123,6 +123,9 @@ def test_timeout_then_late_reply_is_dropped(client: RpcClient, settings: Setting
     # The late reply arrives while we wait for the next call and must not be taken for it.
     assert client.call(queue, {"name": "next"})["echo"]["name"] == "next"
     assert client.dropped_replies == 1
+    # and it can be read once, for a caller that has to undo what the late call did
+    assert [r["echo"]["name"] for r in client.stray_replies()] == ["sleep"]
+    assert client.stray_replies() == []
 
 
 def test_expired_request_is_never_run(settings: Settings, link: BrokerLink) -> None:

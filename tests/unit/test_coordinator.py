@@ -22,7 +22,7 @@ from worker.coordinator.loop import Coordinator
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State
 from worker.job import JobConfig
-from worker.protocol import DataItem, FinishInfo, InfoItem, Refusal, StartTask, TaskName
+from worker.protocol import DataItem, FinishInfo, InfoItem, Refusal, StartReply, StartTask, TaskName
 
 PREFIX = "p"
 
@@ -469,3 +469,23 @@ def test_abort_from_another_thread_ends_the_run_as_failed(tmp_path: Path) -> Non
     summary = coordinator.run()
     assert summary["error"] == summary["reason"] == "the learner exited with code 1"
     assert not summary["success"]
+
+
+def test_a_task_started_twice_is_closed_where_nobody_follows_it(tmp_path: Path) -> None:
+    # Given a task running on w1, whose start request a broker restart delivered again, to w2
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, _ = started(bus, coordinator, "w1")
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.alive.add("p.collector.control.w2")
+    second = StartReply("w2", task_id, "p.collector.control.w2", f"p.metadata.{task_id}")
+    # and w1 saying "started" again for the same run (a repeat, not a second run)
+    repeat = StartReply("w1", task_id, "p.collector.control.w1", f"p.metadata.{task_id}")
+    bus.stray = [second.to_wire(), repeat.to_wire(), {"unrelated": True}]
+    # When the coordinator runs a turn
+    coordinator.turn()
+    # Then w2 is asked to close its run (its reply is not waited for), and w1's task is left alone
+    closes = [s for s in bus.sent if s.body.get("name") == TaskName.CLOSE.value]
+    assert [c.queue for c in closes] == ["p.collector.control.w2"]
+    assert closes[0].correlation_id in bus.abandoned
+    assert coordinator.driver.tasks[task_id].state is State.RUNNING
+    assert coordinator.driver.tasks[task_id].worker_id == "w1"

@@ -70,6 +70,10 @@ class CoordinatorBus(Protocol):
         """Give up on a request: a late reply is dropped."""
         ...
 
+    def stray_replies(self) -> list[dict[str, Any]]:
+        """Results of successful replies no request waited for since the last look (each once)."""
+        ...
+
     def stream(self, queue: str) -> MetadataStream:
         """Start reading a task's metadata queue.
 
@@ -145,6 +149,9 @@ class BrokerBus:
 
     def abandon(self, correlation_id: str) -> None:
         self.client.abandon(correlation_id)
+
+    def stray_replies(self) -> list[dict[str, Any]]:
+        return self.client.stray_replies()
 
     def stream(self, queue: str) -> MetadataStream:
         return MetadataConsumer(self.link, queue, prefetch=STREAM_PREFETCH)
