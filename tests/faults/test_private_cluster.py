@@ -86,6 +86,18 @@ def _all_urls(cluster: PrivateCluster, first: PrivateNode) -> str:
     return ",".join(n.amqp_url for n in ordered)
 
 
+def _quorum_settings(cluster: PrivateCluster, first: PrivateNode, prefix: str, *, rpc_timeout_s: float) -> Settings:
+    """warren's settings on the cluster: every node listed (``first`` first), quorum queues."""
+    return Settings.from_env(
+        {},
+        amqp_url=_all_urls(cluster, first),
+        prefix=prefix,
+        queue_type="quorum",
+        connect_timeout_s=FAILOVER_BOUND_S,
+        rpc_timeout_s=rpc_timeout_s,
+    )
+
+
 def _node_of(cluster: PrivateCluster, address: str | None) -> PrivateNode | None:
     return next((n for n in cluster.nodes if node_address(n.amqp_url) == address), None)
 
@@ -201,14 +213,7 @@ def test_a_publisher_and_an_rpc_server_fail_over_to_a_surviving_node_and_lose_no
     cluster = whole
     first = cluster.nodes[0]
     # Given warren's settings listing every node (node 0 first) and quorum queues
-    settings = Settings.from_env(
-        {},
-        amqp_url=_all_urls(cluster, first),
-        prefix=prefix,
-        queue_type="quorum",
-        connect_timeout_s=FAILOVER_BOUND_S,
-        rpc_timeout_s=5,
-    )
+    settings = _quorum_settings(cluster, first, prefix, rpc_timeout_s=5)
     names = Names.of(settings)
     stream = names.metadata_decl("node-loss", max_length=100_000, expires_s=600)
     # and an RPC server serving the (quorum) task queue, and a publisher streaming numbered,
@@ -347,14 +352,7 @@ def test_a_whole_job_on_quorum_queues_survives_the_loss_of_the_node_it_is_connec
     first = cluster.nodes[0]
     # Given a job on quorum queues whose processes list every node, node 0 first (so all of
     # them, and the leaders of the queues they declare, are on node 0), and a test learner
-    settings = Settings.from_env(
-        {},
-        amqp_url=_all_urls(cluster, first),
-        prefix=prefix,
-        queue_type="quorum",
-        connect_timeout_s=FAILOVER_BOUND_S,
-        rpc_timeout_s=10,
-    )
+    settings = _quorum_settings(cluster, first, prefix, rpc_timeout_s=10)
     patient = {"WARREN_CONNECT_TIMEOUT_S": str(int(FAILOVER_BOUND_S))}
     link = BrokerLink(settings, "test-learner").open()
     group = Cluster(settings, tmp_path, link)
