@@ -34,7 +34,7 @@ def add_parser(commands: Any) -> None:
         "--policy-wait-s", type=float, help="max wait for the first policy file (WARREN_POLICY_WAIT_S; 60)"
     )
     group.add_argument(
-        "--close-wait-s", type=float, help="close a finished, unclosed task after this (WARREN_CLOSE_WAIT_S; 600)"
+        "--close-wait-s", type=float, help="close a finished, unclosed task after this (WARREN_CLOSE_WAIT_S; 60)"
     )
     group.add_argument(
         "--stall-timeout-s",

@@ -64,7 +64,7 @@ class CollectorConfig:
     """How long a ``collector_data_task`` waits for the next metadata item before an error reply."""
     policy_wait_s: float = 60.0
     """How long a task waits for its first policy file before failing."""
-    close_wait_s: float = 600.0
+    close_wait_s: float = 60.0
     """A finished task that nobody closes is closed by the worker itself after this long."""
     stall_timeout_s: float = 300.0
     """A task whose metadata nobody reads for this long (queue full) is abandoned, freeing the worker."""
