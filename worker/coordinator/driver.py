@@ -17,10 +17,10 @@ from messaging import BrokerConnectionError, MessagingError, MetadataItem, Queue
 from worker.coordinator.bus import CoordinatorBus
 from worker.coordinator.relay import DataRelay
 from worker.coordinator.stats import RunStats
+from worker.coordinator.strays import close_strays
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.errors import TaskError
 from worker.protocol import (
-    STARTED,
     CollectorSpec,
     DataItem,
     FinishInfo,
@@ -127,7 +127,7 @@ class TaskDriver:
     def advance_all(self) -> None:
         """One turn for every task; a task whose request fails is logged and retried next turn."""
         try:
-            self._close_strays()
+            close_strays(self.bus, self.tasks, self.timeouts.close_s)
             for task in list(self.tasks.values()):
                 try:
                     self.advance(task)
@@ -137,40 +137,6 @@ class TaskDriver:
                     logger.warning("task %s: %s", task.task_id, exc.message)
         finally:
             self.settle_forwarded()
-
-    def _close_strays(self) -> None:
-        """Close tasks that started where nobody follows them.
-
-        A start request redelivered after a broker restart (the worker replied, the broker
-        went away before the ack) can start its task a second time, on the same worker
-        after it closed the first run or on another one. That start's reply finds no
-        request waiting; left alone, the task would run for nobody until its worker's
-        close wait ran out. The same task answered twice by the worker that runs it (it
-        says "started" again) is not a stray.
-        """
-        for result in self.bus.stray_replies():
-            if result.get("message") != STARTED:
-                continue
-            try:
-                reply = StartReply.from_wire(result)
-            except TaskError:
-                continue
-            tracked = self.tasks.get(reply.task_id)
-            if tracked is not None and tracked.worker_id == reply.worker_id:
-                continue
-            logger.warning(
-                "task %s also started on worker %s, where nobody follows it (its start request was delivered "
-                "twice, as after a broker restart): closing it there",
-                reply.task_id,
-                reply.worker_id,
-            )
-            try:
-                correlation_id = self.bus.send(
-                    reply.control_queue, simple_task(TaskName.CLOSE), timeout_s=self.timeouts.close_s
-                )
-                self.bus.abandon(correlation_id)
-            except MessagingError as exc:
-                logger.info("could not close the stray task %s: %s", reply.task_id, exc.message)
 
     def settle_forwarded(self) -> None:
         """Ack the stream items whose copies the learner's queue confirmed (see :class:`DataRelay`)."""
