@@ -100,6 +100,9 @@ def test_a_collector_killed_mid_task_does_not_stop_the_run(settings: Settings, t
                 "log",
                 "--max-time-s",
                 "200",
+                # Learning, not the budget, ends the run: 400k env steps (the default) were not always enough
+                "--max-env-steps",
+                "4000000",
             ],
             env=role_env(settings),
             log=tmp_path / "coordinator.log",
