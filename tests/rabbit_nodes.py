@@ -95,6 +95,10 @@ class Ports:
     amqp: int
     dist: int
     management: int
+    prometheus: int
+
+    def all(self) -> tuple[int, ...]:
+        return (self.amqp, self.dist, self.management, self.prometheus)
 
 
 _handed_out: set[int] = set()
@@ -177,6 +181,10 @@ class PrivateNode:
     def management_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.management}"
 
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.prometheus}"
+
     # -- files and environments -------------------------------------------------
 
     def write_files(self, seed: PrivateNode | None) -> None:
@@ -185,7 +193,7 @@ class PrivateNode:
         (self.dir / "mnesia").mkdir(exist_ok=True)
         (self.dir / "conf.d").mkdir(exist_ok=True)
         (self.dir / "rabbitmq-env.conf").write_text("")
-        (self.dir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+        (self.dir / "enabled_plugins").write_text("[rabbitmq_management, rabbitmq_prometheus].\n")
         rabbit: list[str] = []
         if seed is not None:
             # Classic-config peer discovery: a blank node joins ``seed`` while booting, which
@@ -196,7 +204,8 @@ class PrivateNode:
         # Classic Erlang-term config: nothing to translate through the cuttlefish schemas.
         (self.dir / "rabbitmq.config").write_text(
             "[{rabbit, [" + ", ".join(rabbit) + "]},\n"
-            f' {{rabbitmq_management, [{{tcp_config, [{{ip, "127.0.0.1"}}, {{port, {self.ports.management}}}]}}]}}].\n'
+            f' {{rabbitmq_management, [{{tcp_config, [{{ip, "127.0.0.1"}}, {{port, {self.ports.management}}}]}}]}},\n'
+            f' {{rabbitmq_prometheus, [{{tcp_config, [{{ip, "127.0.0.1"}}, {{port, {self.ports.prometheus}}}]}}]}}].\n'
         )
 
     def _base_env(self) -> dict[str, str]:
@@ -488,9 +497,7 @@ class PrivateCluster:
         self.home = self.dir / "home"
         self.timings: dict[str, float] = {}
         rng = random.Random(secrets.randbits(64))
-        self.nodes = [
-            PrivateNode(self, i, Ports(_free_port(rng), _free_port(rng), _free_port(rng))) for i in range(size)
-        ]
+        self.nodes = [PrivateNode(self, i, Ports(*(_free_port(rng) for _ in range(4)))) for i in range(size)]
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -599,7 +606,7 @@ class PrivateCluster:
             for node in self.nodes:
                 node.finish_stop(deadline)
         finally:
-            for port in (p for n in self.nodes for p in (n.ports.amqp, n.ports.dist, n.ports.management)):
+            for port in (p for n in self.nodes for p in n.ports.all()):
                 _handed_out.discard(port)
             shutil.rmtree(self.dir, ignore_errors=True)
             with contextlib.suppress(ValueError):

@@ -4,11 +4,12 @@ The suite needs the management API (vhosts per session, connection and consumer 
 broker that already answers on ``WARREN_AMQP_URL`` may be shared and must not be
 reconfigured, so when it has no management API ``scripts/test`` starts this instead: one
 private node (:mod:`tests.rabbit_nodes`: own ports, data, cookie; management on) that
-lives as long as this process. Once the node answers, ``ENV_FILE`` gets the two lines
+lives as long as this process. Once the node answers, ``ENV_FILE`` gets the lines
 the suite reads::
 
     WARREN_AMQP_URL=amqp://guest:guest@127.0.0.1:<port>/%2F
     WARREN_MANAGEMENT_URL=http://127.0.0.1:<port>
+    WARREN_PROMETHEUS_URL=http://127.0.0.1:<port>
 
 The node is removed when this process gets SIGTERM or SIGHUP, or when its parent (the
 test command) dies.
@@ -50,7 +51,10 @@ def main(argv: list[str]) -> int:
         return 1
     node = cluster.nodes[0]
     partial = env_file.with_name(env_file.name + ".partial")
-    partial.write_text(f"WARREN_AMQP_URL={node.amqp_url}\nWARREN_MANAGEMENT_URL={node.management_url}\n")
+    partial.write_text(
+        f"WARREN_AMQP_URL={node.amqp_url}\nWARREN_MANAGEMENT_URL={node.management_url}\n"
+        f"WARREN_PROMETHEUS_URL={node.prometheus_url}\n"
+    )
     os.replace(partial, env_file)
     print(f"session broker: {node.name} at {node.amqp_url}, management {node.management_url}", flush=True)
     # Until a signal: tests.rabbit_nodes' handlers stop the node and end this process.

@@ -65,8 +65,8 @@ def test_a_private_node_never_reads_the_system_rabbitmq_settings(tmp_path: Path)
     sbin = tmp_path / "sbin"
     cluster = PrivateCluster(3, tmp_path, sbin=sbin)
     try:
-        ports = [p for n in cluster.nodes for p in (n.ports.amqp, n.ports.dist, n.ports.management)]
-        assert len(set(ports)) == 9 and not set(ports) & RESERVED_PORTS
+        ports = [p for n in cluster.nodes for p in n.ports.all()]
+        assert len(set(ports)) == 12 and not set(ports) & RESERVED_PORTS
         for node in cluster.nodes:
             assert node.name.startswith("warren-test-") and node.name.endswith("@localhost")
             for env in (node.server_env(), node.cli_env()):
