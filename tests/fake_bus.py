@@ -12,7 +12,17 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from messaging import Delivery, Envelope, MessagingError, MetadataItem, QueueDecl, QueueNotFound, RemoteError, encode
+from messaging import (
+    Delivery,
+    Envelope,
+    MessagingError,
+    MetadataItem,
+    PublishRejected,
+    QueueDecl,
+    QueueNotFound,
+    RemoteError,
+    encode,
+)
 from worker.protocol import StartReply, StartTask, TaskName
 
 
@@ -66,6 +76,8 @@ class FakeBus:
     deleted: list[str] = field(default_factory=list)
     declared: list[str] = field(default_factory=list)
     closed: bool = False
+    nacks: int = 0
+    """How many of the next sends the broker nacks (:class:`PublishRejected`)."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # -- CoordinatorBus -------------------------------------------------------------
@@ -76,6 +88,9 @@ class FakeBus:
     def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
         if queue.count(".control.") and queue not in self.alive:
             raise QueueNotFound(f"no queue {queue}")
+        if self.nacks > 0:
+            self.nacks -= 1
+            raise PublishRejected(f"publishing to {queue}: the broker rejected the message")
         correlation_id = f"c{next(self._ids)}"
         self.sent.append(Sent(queue, body, correlation_id, timeout_s))
         return correlation_id

@@ -17,6 +17,7 @@ import pytest
 from messaging import MessagingError, Settings
 from tests.fake_bus import FakeBus, Sent
 from worker.config import CoordinatorConfig
+from worker.coordinator import driver as driver_module
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
 from worker.coordinator.loop import Coordinator
 from worker.coordinator.stats import RunStats
@@ -271,6 +272,36 @@ def test_a_start_nobody_took_is_sent_again_after_its_deadline(tmp_path: Path) ->
     assert len(bus.starts()) == 2
     # the same task, sent again
     assert bus.starts()[1].body == first.body
+
+
+def test_a_start_request_the_broker_nacks_keeps_its_slot_and_is_sent_again_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(driver_module, "REJECTED_START_RETRY_S", 0.05)
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    # Given a broker that nacks the first start request (the link's own resends included)
+    bus.nacks = 1
+    coordinator.turn()
+    # Then the run goes on, no request is out, and the slot is not given to a second task
+    assert bus.starts() == []
+    (task,) = coordinator.driver.tasks.values()
+    assert task.state is State.STARTING and task.correlation_id is None
+    coordinator.turn()
+    assert bus.starts() == [] and len(coordinator.driver.tasks) == 1
+    # And after the pause the same task is sent
+    time.sleep(0.06)
+    coordinator.turn()
+    (sent,) = bus.starts()
+    assert StartTask.from_wire(sent.body).task_id == task.task_id
+
+
+def test_shutdown_drops_a_start_whose_request_never_reached_the_queue(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    bus.nacks = 1
+    coordinator.turn()
+    coordinator.driver.close_all()
+    assert coordinator.driver.tasks == {}
+    assert bus.starts() == []
 
 
 def test_a_worker_gone_on_two_checks_gets_its_task_rerun_keeping_its_data(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from messaging import BrokerConnectionError, MessagingError, MetadataItem, QueueNotFound, RemoteError
+from messaging import BrokerConnectionError, MessagingError, MetadataItem, PublishRejected, QueueNotFound, RemoteError
 from worker.coordinator.bus import CoordinatorBus
 from worker.coordinator.relay import DataRelay
 from worker.coordinator.stats import RunStats
@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: How long the metadata left by a lost worker may take to read.
 DRAIN_S = 5.0
+#: Pause before a start request the broker nacked is sent again.
+REJECTED_START_RETRY_S = 2.0
 
 
 Completed = Callable[[Task, FinishInfo | None], None]
@@ -103,8 +105,16 @@ class TaskDriver:
         assert task.start is not None
         timeout = self.timeouts.start_s
         task.state = State.STARTING
-        # Durable: a start request waiting in the task queue survives a broker restart.
-        task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout, durable=True)
+        try:
+            # Durable: a start request waiting in the task queue survives a broker restart.
+            task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout, durable=True)
+        except PublishRejected as exc:
+            # Nacked even after the link's own resends (a resource alarm, a quorum queue
+            # without a leader): the task keeps its slot and is sent again after a pause.
+            task.correlation_id = None
+            task.deadline = time.monotonic() + REJECTED_START_RETRY_S
+            logger.warning("task %s: %s; sending it again in %.0f s", task.task_id, exc.message, REJECTED_START_RETRY_S)
+            return
         # The request expires in the queue after ``timeout``; a worker that took it just in
         # time still gets to answer during the grace period.
         task.deadline = time.monotonic() + timeout + self.timeouts.start_grace_s
@@ -158,7 +168,10 @@ class TaskDriver:
             self._poll_close(task)
 
     def _poll_start(self, task: Task) -> None:
-        assert task.correlation_id is not None
+        if task.correlation_id is None:  # the broker refused the request: send it again in time
+            if time.monotonic() > task.deadline:
+                self._send_start(task)
+            return
         try:
             result = self.bus.poll(task.correlation_id)
         except RemoteError as exc:
@@ -356,6 +369,8 @@ class TaskDriver:
                 except MessagingError as exc:
                     logger.warning("cannot close task %s (%s); leaving it", task.task_id, exc.message)
                     self.drop(task, rerun=False)
+            elif task.state is State.STARTING and task.correlation_id is None:
+                self.drop(task, rerun=False)  # its request never reached the queue
             elif task.state is State.STARTING:
                 # A worker may take the request yet: close the task once it says it started.
                 task.cancelled = True
