@@ -303,6 +303,19 @@ class BrokerLink(QueueAdmin):
             self._unconfirmed_channel = channel
         return self._unconfirmed_channel
 
+    def renew_unconfirmed_channel(self) -> None:
+        """Send the next unconfirmed messages on a fresh channel.
+
+        RabbitMQ 3.10 can leave a channel that talked to a quorum queue across a leader change
+        (or opened while the queue had no leader) rejecting everything it publishes there; with
+        confirms the nacks show it (see :class:`~messaging.unconfirmed.NackStreak`), without them
+        the messages just vanish. A caller that missed an answer it expected calls this.
+        """
+        channel, self._unconfirmed_channel = self._unconfirmed_channel, None
+        if channel is not None and channel.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                channel.close()
+
     def _on_return(self, _channel: BlockingChannel, method: Any, props: Any, _body: bytes) -> None:
         if props.correlation_id:
             self._returned[props.correlation_id] = None

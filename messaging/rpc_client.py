@@ -129,6 +129,9 @@ class RpcClient:
                 self._raise_if_returned(correlation_id)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    # The request may have died on its channel (a quorum queue's leader change):
+                    # the next one goes out on a fresh channel.
+                    self.link.renew_unconfirmed_channel()
                     raise RpcTimeout(f"no reply within {timeout:.1f} s (correlation_id {correlation_id})")
                 # In slices: a returned request (no queue) must end the wait, not only a reply.
                 delivery = replies_sub.get(min(remaining, _RETURN_CHECK_S))
