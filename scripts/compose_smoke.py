@@ -83,6 +83,8 @@ UNREACHABLE_ENV_STEPS = "100000000000"
 CLUSTER_FILE = "docker-compose.cluster.yml"
 #: Tries at freezing every collector at once and finding one in the middle of a task.
 KILL_TRIES = 60
+#: Samples per collect task in the scale/kill run (~1 s of a collector's time on 2 busy cores).
+LONG_TASK_SAMPLES = 65536
 #: Collectors killed at most, when a kill lands after its task's data was complete.
 KILLS = 2
 COMPLETED_FROM_DATA = "completed from its data"
@@ -594,6 +596,10 @@ class Smoke:
             WARREN_MAX_ENV_STEPS=UNREACHABLE_ENV_STEPS,
             WARREN_MAX_TIME_S="900",
         )
+        # Tasks of 2,048 samples last ~15 ms, mostly spent waiting for the last confirms: too
+        # short to kill a collector in the middle of one (kill_busy_collector). This run's
+        # coordinator gets a job of longer tasks through a small override of its command.
+        self.compose_files = ["docker-compose.yml", str(self.long_tasks_override())]
         with self.step("up -d"):
             self.compose("up", "--detach", timeout_s=600, env=env)
             two = wait_until(lambda: self.gave_tasks(2), 240, "2 collectors with tasks")
@@ -609,6 +615,31 @@ class Smoke:
             name = workers[wid]["client_properties"]["connection_name"]
             log(f"  {name}: consumes {sorted(consumers[wid])}")
         self.passed_check("the management API lists every collector's connection name and its consumers")
+
+    def long_tasks_override(self) -> Path:
+        """A compose file giving the coordinator the shipped job with 64k-sample collect tasks (~1 s)."""
+        job = self.workdir / "long-tasks.toml"
+        job.write_text(
+            f"[collector]\nn_sample = {LONG_TASK_SAMPLES}\n\n"
+            # room for a task per collector: the run-ahead limit must hold 4 of them
+            f"[coordinator]\nmax_run_ahead_samples = {4 * LONG_TASK_SAMPLES}\n"
+        )
+        job.chmod(0o644)
+        command = [
+            "coordinator", "--config", "/etc/warren-smoke/job.toml", "--collect-tasks", "0",
+            "--stop-value", "${WARREN_STOP_VALUE:-195}", "--max-env-steps", "${WARREN_MAX_ENV_STEPS:-400000}",
+            "--max-time-s", "${WARREN_MAX_TIME_S:-1800}", "--seed", "0",
+            "--run-log", "/data/runs/run.jsonl", "--progress", "log",
+        ]  # fmt: skip
+        override = self.workdir / "long-tasks.yml"
+        override.write_text(
+            "services:\n"
+            "  coordinator:\n"
+            f"    command: {json.dumps(command)}\n"
+            "    volumes:\n"
+            f"      - {job}:/etc/warren-smoke/job.toml:ro\n"
+        )
+        return override
 
     def gave_tasks(self, count: int) -> dict[str, dict[str, Any]] | None:
         """Collector connections, when ``count`` of them are listed and each was given a task."""
