@@ -14,7 +14,9 @@ It does what the README tells a user to do, and checks what the user should see:
    stop value, and every container stops cleanly when the coordinator ends.
 4. ``up -d`` then ``up -d --scale collector=4``: the new collectors are listed by their
    connection names with their consumers, and the coordinator gives each a task.
-5. SIGKILL of one busy collector: the coordinator sees it gone and runs its task again.
+5. SIGKILL of one busy collector: the coordinator sees it gone and runs its task again
+   (steps 4-6 run with a small override giving the coordinator longer collect tasks, so
+   that a collector can be caught in the middle of one).
 6. ``stop`` + ``down`` (what ``down`` does, in two steps to read the exit codes): every
    container ends within its stop_grace_period with a clean exit code.
 7. The run log on the named volume kept both runs across ``down`` and ``up``.
