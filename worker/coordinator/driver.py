@@ -109,8 +109,8 @@ class TaskDriver:
             # Durable: a start request waiting in the task queue survives a broker restart.
             task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout, durable=True)
         except PublishRejected as exc:
-            # Nacked even after the link's own resends (a resource alarm, a quorum queue
-            # without a leader): the task keeps its slot and is sent again after a pause.
+            # Nacked even after the link's own resends (a quorum task queue between leaders,
+            # RabbitMQ 3.10's stuck channels): the task keeps its slot and is sent again later.
             task.correlation_id = None
             task.deadline = time.monotonic() + REJECTED_START_RETRY_S
             logger.warning("task %s: %s; sending it again in %.0f s", task.task_id, exc.message, REJECTED_START_RETRY_S)
