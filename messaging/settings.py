@@ -17,7 +17,8 @@ from messaging.errors import ConfigurationError
 #: Prefix of every environment variable warren reads.
 ENV_PREFIX: Final = "WARREN_"
 _C = TypeVar("_C")
-_PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: A queue-name prefix (and a run name, which becomes part of one).
+PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: Values of :attr:`Settings.queue_type`.
 QUEUE_TYPES: Final = ("classic", "quorum")
 
@@ -76,8 +77,8 @@ class Settings:
                 raise ConfigurationError(f"amqp_url must start with amqp:// or amqps://, got {redact_url(url)!r}")
         if self.queue_type not in QUEUE_TYPES:
             raise ConfigurationError(f"queue_type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}")
-        if not _PREFIX_RE.match(self.prefix):
-            raise ConfigurationError(f"prefix must match {_PREFIX_RE.pattern}, got {self.prefix!r}")
+        if not PREFIX_RE.match(self.prefix):
+            raise ConfigurationError(f"prefix must match {PREFIX_RE.pattern}, got {self.prefix!r}")
         for name in ("heartbeat_s", "prefetch", "max_message_bytes", "metadata_queue_length"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -123,16 +124,16 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-def redact_url(url: str) -> str:
+def redact_url(url: str, placeholder: str = "***") -> str:
     """Hide the password of an AMQP URL, or of every URL of a comma-separated list."""
     if "," in url:
-        return ",".join(redact_url(part.strip()) for part in url.split(",") if part.strip())
+        return ",".join(redact_url(part.strip(), placeholder) for part in url.split(",") if part.strip())
     parts = urlsplit(url)
     if parts.password is None:
         return url
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    return urlunsplit(parts._replace(netloc=f"{user}:{placeholder}@{netloc}"))
 
 
 def load(cls: type[_C], env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> _C:

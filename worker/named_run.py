@@ -11,7 +11,6 @@ the same name picks up where the last one stopped.
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import time
 import uuid
@@ -19,13 +18,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from messaging import ConfigurationError, Settings
-from messaging.settings import to_env
+from messaging.settings import PREFIX_RE, redact_url, to_env
 
-#: A run name: one plain path component (it names the workdir) that also fits a queue prefix.
-RUN_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: A run name: one plain path component (it names the workdir) that is also a queue prefix.
+RUN_NAME_RE: Final = PREFIX_RE
 #: Longest queue prefix :class:`messaging.Settings` accepts.
 MAX_PREFIX_CHARS: Final = 64
 #: Where a run's workdir goes unless ``--workdir`` says otherwise.
@@ -78,15 +77,7 @@ def run_identity(base_prefix: str, name: str | None = None, workdir: Path | None
 
 def url_placeholder(amqp_url: str) -> str:
     """``amqp_url`` (one URL or a comma-separated list) with every password replaced by a placeholder."""
-    return ",".join(_placeholder_one(url.strip()) for url in amqp_url.split(","))
-
-
-def _placeholder_one(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{URL_PLACEHOLDER_TEXT}@{host}"))
+    return redact_url(amqp_url, URL_PLACEHOLDER_TEXT)
 
 
 def loopback_hosts(amqp_url: str) -> list[str]:

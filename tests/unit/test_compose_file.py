@@ -42,8 +42,6 @@ CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 WARREN_SERVICES = ("collector", "coordinator", "learner")
 DOCS = ROOT / "docs" / "compose.md"
 #: Settings the compose file deliberately does not pass through (documented in docs/compose.md).
-#: WARREN_QUEUE_TYPE: the single-broker stack keeps the default (classic); passing it belongs
-#: with the compose file's cluster profile (docker-compose.yml is edited on another branch).
 NOT_IN_COMPOSE = {"WARREN_AMQP_CA_FILE", "WARREN_WORKER_ID"}
 
 EXAMPLE = read_env_file()

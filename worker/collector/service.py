@@ -33,18 +33,18 @@ from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 logger = logging.getLogger(__name__)
 
 
-def measured_resources(gpus: int | None = None) -> dict[str, int]:
+def measured_resources(gpus: int) -> dict[str, int]:
     """What this process can really use: visible GPUs and the CPUs it may run on.
 
     Args:
-        gpus: the GPU count measured earlier (it cannot change while a process runs);
-            by default it is asked of torch.
+        gpus: the GPU count measured at start (it cannot change while a process runs, and
+            asking torch costs too much for the quick ``resource`` answer).
     """
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return {"gpu": int(torch.cuda.device_count()) if gpus is None else gpus, "cpu": cpus}
+    return {"gpu": gpus, "cpu": cpus}
 
 
 class CollectorWorker:
@@ -217,7 +217,9 @@ class CollectorWorker:
             ", redelivered" if request.envelope.redelivered else "",
         )
         reply = StartReply(self.config.worker_id, run.task_id, self.control_queue, metadata_queue)
-        return Reply(reply.to_wire(), on_failed=lambda: self._abandon(run, request.link))
+        # No abandon if this answer is lost: the first one may have been heard, and a run
+        # nobody follows is closed by the coordinator (a stray) or by the close wait.
+        return Reply(reply.to_wire())
 
     def _check_policy_path(self, start: StartTask) -> None:
         if start.cfg.policy_update_path is None:
