@@ -28,7 +28,7 @@ from benchmarks import procs
 from benchmarks.case_rpc import CLIENTS, REQUEST, _concurrent, _sequential
 from benchmarks.case_stream import PREFETCH, WINDOW, metadata_message
 from benchmarks.common import CaseContext, CaseResult, Trials, alternate
-from benchmarks.stats import Row
+from benchmarks.stats import Better, Row
 from messaging import BrokerLink, ConfirmedPublisher, MetadataPublisher, Names, RpcClient, Settings
 
 NAME = "queue-type"
@@ -41,16 +41,22 @@ VERSUS = {"versus": "queue type"}
 class _Variant:
     """One queue type: its settings, a collector serving its task queue, clients, a stream counter."""
 
-    def __init__(self, ctx: CaseContext, queue_type: str, workdir: Path) -> None:
+    def __init__(self, ctx: CaseContext, queue_type: str, workdir: Path, children: list[procs.Child]) -> None:
         prefix = ctx.broker.sub_prefix(f"qt-{queue_type}")
         self.settings: Settings = ctx.broker.settings(prefix, rpc_timeout_s=30, queue_type=queue_type)
         self.names = Names.of(self.settings)
-        self.collector = procs.start_collector(self.settings, workdir / queue_type, f"bench-{queue_type}")
-        self.clients = [RpcClient(self.settings, f"bench-qt-{i}") for i in range(CLIENTS)]
+        # In ``children`` at once: the caller stops it even if the warm-up below fails.
+        children.append(procs.start_collector(self.settings, workdir / queue_type, f"bench-{queue_type}"))
+        self.clients: list[RpcClient] = []
         self.seq = 0
-        for client in self.clients:  # connections and reply queues warm
-            for _ in range(30):
-                client.call(self.names.collector_tasks, REQUEST, timeout_s=30)
+        try:
+            for i in range(CLIENTS):
+                self.clients.append(RpcClient(self.settings, f"bench-qt-{i}"))
+                for _ in range(30):  # connection and reply queue warm
+                    self.clients[-1].call(self.names.collector_tasks, REQUEST, timeout_s=30)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         for client in self.clients:
@@ -110,8 +116,7 @@ def run(ctx: CaseContext) -> CaseResult:
         try:
             ctx.log("starting a warren collector per queue type and the reader")
             for queue_type in QUEUE_TYPES:
-                variants[queue_type] = _Variant(ctx, queue_type, workdir)
-                children.append(variants[queue_type].collector)
+                variants[queue_type] = _Variant(ctx, queue_type, workdir, children)
             # The reader declares its prefix's dead-letter topology: the classic one's.
             reader_prefix = variants["classic"].settings.prefix
             reader = procs.Child(
@@ -135,12 +140,12 @@ def run(ctx: CaseContext) -> CaseResult:
 
 
 def _rows(trials: Trials) -> list[Row]:
-    def row(metric: str, key: str, unit: str, better: str) -> Row:
+    def row(metric: str, key: str, unit: str, better: Better) -> Row:
         return Row(
             case=TITLE,
             metric=metric,
             unit=unit,
-            better="higher" if better == "higher" else "lower",
+            better=better,
             warren=trials.series("quorum", key),
             baseline=trials.series("classic", key),
             baseline_name="classic",

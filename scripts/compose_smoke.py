@@ -704,11 +704,14 @@ class Smoke:
             if len(live) < 2:
                 raise SmokeFailure("fewer than 2 collectors left to kill one")
             self.podman("pause", *live)
-            found = {cid: self.task_in_progress(cid) for cid in live}
-            victim = next((cid for cid, task in found.items() if task is not None), None)
-            others = [cid for cid in live if cid != victim]
-            if others:
-                self.podman("unpause", *others)
+            victim = None
+            try:
+                found = {cid: self.task_in_progress(cid) for cid in live}
+                victim = next((cid for cid, task in found.items() if task is not None), None)
+            finally:  # thaw all but the one caught, whatever happened
+                others = [cid for cid in live if cid != victim]
+                if others:
+                    self.podman("unpause", *others)
             if victim is not None:
                 (container,) = [c for c in self.containers("collector") if c["Id"] == victim]
                 caught = found[victim]
@@ -880,7 +883,6 @@ class Smoke:
         self.compose("down", "--volumes", timeout_s=300)
         self.compose_files = ["docker-compose.yml", CLUSTER_FILE]
         up_log = self.workdir / "cluster-up.log"
-        summaries_before = 0
         with self.step("cluster up"), up_log.open("wb") as out:
             self.up_process = self.start_job(out)
             nodes = wait_until(self.running_cluster_nodes, 420, "3 running nodes in /api/nodes", every_s=3)
@@ -892,8 +894,8 @@ class Smoke:
         with self.step("cluster training"):
             code = self.wait_job_end(self.up_process)
         summaries = [r for r in self.run_log() if r.get("kind") == "summary"]
-        if len(summaries) <= summaries_before:
-            raise SmokeFailure(f"no new run summary; up exited {code}:\n{up_log.read_text()[-3000:]}")
+        if not summaries:  # the volume was new: any summary is this run's
+            raise SmokeFailure(f"no run summary; up exited {code}:\n{up_log.read_text()[-3000:]}")
         summary = summaries[-1]
         if code != 0 or not summary["success"]:
             raise SmokeFailure(f"cluster run: up exited {code}, summary {summary}:\n{up_log.read_text()[-3000:]}")

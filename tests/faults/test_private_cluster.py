@@ -75,8 +75,7 @@ def three_nodes() -> Iterator[PrivateCluster]:
 def whole(three_nodes: PrivateCluster) -> PrivateCluster:
     """The cluster with its three nodes running (a test before may have left one down)."""
     for node in three_nodes.nodes:
-        if not node.answers():
-            node.ensure_running()
+        node.ensure_running()
     three_nodes.await_running(3, timeout_s=90)
     return three_nodes
 
@@ -221,11 +220,10 @@ def test_a_publisher_and_an_rpc_server_fail_over_to_a_surviving_node_and_lose_no
     # confirmed metadata: both land on node 0, whose first client makes it the queues' leader
     server = RpcServer(settings, "test-server", threads=1)
     server.add_queue(names.collector_tasks_decl(), lambda request: {"echo": request.body})
-    server.start(wait_s=30)
     confirmed: list[int] = []
     failures: list[BaseException] = []
     stop = threading.Event()
-    publisher = ConfirmedPublisher(settings, "test-publisher").open()
+    publisher = ConfirmedPublisher(settings, "test-publisher")
 
     def publish() -> None:
         metadata = MetadataPublisher(publisher, stream)
@@ -242,8 +240,10 @@ def test_a_publisher_and_an_rpc_server_fail_over_to_a_surviving_node_and_lose_no
             failures.append(exc)
 
     thread = threading.Thread(target=publish)
-    thread.start()
-    try:
+    try:  # (stop() and close() are safe on a server or publisher that never started)
+        server.start(wait_s=30)
+        publisher.open()
+        thread.start()
         wait_until(lambda: len(confirmed) >= 400, 60, "confirmed metadata before the kill")
         wait_until(lambda: bool(_leader(first, stream.name)), 30, "the stream's leader")
         leader = cluster.node_named(_leader(first, stream.name))
@@ -274,7 +274,8 @@ def test_a_publisher_and_an_rpc_server_fail_over_to_a_surviving_node_and_lose_no
             wait_until(lambda: _served(client, names.collector_tasks), FAILOVER_BOUND_S, "a call after the kill")
     finally:
         stop.set()
-        thread.join(FAILOVER_BOUND_S + 10)
+        if thread.ident is not None:
+            thread.join(FAILOVER_BOUND_S + 10)
         publisher.close()
         server.stop(10)
     assert failures == []

@@ -375,7 +375,8 @@ def test_nacks_in_a_row_reopen_the_channel_and_the_refused_messages_still_arrive
             reading = threading.Thread(target=lambda: got.extend(_drain(sub, until=5)))
             reading.start()
             publisher.flush(30)
-            reading.join(30)
+            reading.join(30)  # _drain ends within 20 s
+            sub.close()  # what it was sent but did not take goes back to the queue, for _read_all
             tail = _read_all(settings, queue, idle_s=1.0)
             reader_link.delete_queue(queue)
     assert filled >= 1
