@@ -18,6 +18,7 @@ from messaging import BrokerLink, MetadataConsumer, Names, RemoteError, RpcClien
 from tests.broker_admin import close_connections, connections, wait_until
 from tests.procs import Proc, role_env, wait_for_queue
 from tests.tasks import drain_data_tasks, start_task
+from worker.protocol import close_task
 from worker.rl.policy import QNetwork
 from worker.storage import PolicyStore, StepStore
 
@@ -203,6 +204,24 @@ def test_a_repeated_start_of_the_running_task_gets_the_same_answer_and_another_t
         client.call(control, other)
     assert refused.value.result == {"message": "worker busy", "task_id": "task-repeat"}
     client.call(control, {"name": "collector_close_task"})
+
+
+def test_a_close_naming_another_task_is_refused_and_the_running_task_goes_on(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings
+) -> None:
+    # Given a worker running a long task
+    start_worker("w1")
+    body = start_body("task-now", n_episode=None, n_sample=10**6)
+    del body["task_info"]["collector_cfg"]["n_episode"]
+    control = client.call(Names(settings.prefix).collector_tasks, body)["control_queue"]
+    # When a late close of the task it ran before arrives
+    with pytest.raises(RemoteError) as refused:
+        client.call(control, close_task("task-before"))
+    # Then it is refused, and the running task is still there to be closed by its own id
+    assert refused.value.result == {"message": "no running collector", "task_id": "task-now"}
+    assert "task-before" in str(refused.value)
+    assert client.call(control, {"name": "resource"})["task_id"] == "task-now"
+    assert client.call(control, close_task("task-now"))["task_id"] == "task-now"
 
 
 def test_eval_task_writes_no_step_data(

@@ -207,7 +207,7 @@ def test_collector_done_closes_the_task_and_logs_its_finish_info(tmp_path: Path)
     bus.push(queue, info(task_id, steps=256, done=True))
     coordinator.turn()
     close = bus.sent[-1]
-    assert close.queue == "p.collector.control.w1" and close.body == {"name": TaskName.CLOSE.value}
+    assert close.queue == "p.collector.control.w1" and close.body == {"name": TaskName.CLOSE.value, "task_id": task_id}
     bus.replies[close.correlation_id] = finished(eval_flag=False, train_iter=7, steps=256, returns=[20.0]).to_wire()
     coordinator.turn()
     # Then the task is done, its metadata queue deleted, and a new one took its slot
@@ -339,7 +339,7 @@ def test_a_silent_task_is_closed(tmp_path: Path) -> None:
     task.last_heard -= coordinator.job.coordinator.task_silence_s + 1
     coordinator.driver.check_liveness()
     assert task.state is State.CLOSING
-    assert bus.sent[-1].body == {"name": TaskName.CLOSE.value}
+    assert bus.sent[-1].body == {"name": TaskName.CLOSE.value, "task_id": task.task_id}
 
 
 def test_a_close_to_a_vanished_worker_completes_the_task_from_its_last_info(tmp_path: Path) -> None:
@@ -365,7 +365,9 @@ def test_shutdown_closes_running_tasks_and_starting_ones_once_they_start(tmp_pat
     # When the eval's worker answers after all, the task is closed at once
     bus.accept(evaluation, "w2")
     coordinator.driver.advance_all()
-    assert bus.sent[-1].queue == "p.collector.control.w2" and bus.sent[-1].body == {"name": TaskName.CLOSE.value}
+    eval_id = StartTask.from_wire(evaluation.body).task_id
+    assert bus.sent[-1].queue == "p.collector.control.w2"
+    assert bus.sent[-1].body == {"name": TaskName.CLOSE.value, "task_id": eval_id}
 
 
 def test_shutdown_frees_the_queue_of_a_start_never_answered(tmp_path: Path) -> None:
@@ -516,7 +518,7 @@ def test_a_task_started_twice_is_closed_where_nobody_follows_it(tmp_path: Path) 
     coordinator.turn()
     # Then w2 is asked to close its run (its reply is not waited for), and w1's task is left alone
     closes = [s for s in bus.sent if s.body.get("name") == TaskName.CLOSE.value]
-    assert [c.queue for c in closes] == ["p.collector.control.w2"]
+    assert [(c.queue, c.body.get("task_id")) for c in closes] == [("p.collector.control.w2", task_id)]
     assert closes[0].correlation_id in bus.abandoned
     assert coordinator.driver.tasks[task_id].state is State.RUNNING
     assert coordinator.driver.tasks[task_id].worker_id == "w1"

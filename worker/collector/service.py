@@ -26,7 +26,16 @@ from messaging import BrokerLink, DecodeError, MessagingError, Names, Reply, Req
 from worker.collector.run import CollectorRun
 from worker.config import CollectorConfig
 from worker.errors import StorageError, UnsafePath, WarrenError
-from worker.protocol import FinishInfo, Refusal, ResourceReply, StartReply, StartTask, TaskName, task_name
+from worker.protocol import (
+    FinishInfo,
+    Refusal,
+    ResourceReply,
+    StartReply,
+    StartTask,
+    TaskName,
+    close_target,
+    task_name,
+)
 from worker.rl.envs import VecEnvBatch, make_env
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
@@ -138,7 +147,7 @@ class CollectorWorker:
         if name is TaskName.DATA:
             return self._data(request)
         if name is TaskName.CLOSE:
-            return self._close()
+            return self._close(request)
         return self._start(request)
 
     def _quick_task(self, body: Any) -> dict[str, Any] | None:
@@ -273,8 +282,15 @@ class CollectorWorker:
         # The item leaves the queue only once the reply carrying it is confirmed.
         return Reply(message, on_sent=delivery.ack, on_failed=lambda: delivery.nack(requeue=True))
 
-    def _close(self) -> dict[str, Any]:
+    def _close(self, request: Request) -> dict[str, Any]:
+        target = close_target(request.body)
         run = self._current(TaskName.CLOSE)
+        if target is not None and target != run.task_id:
+            # A late close (its task ended at the close wait): the running one is not its to end.
+            raise Refusal.NO_RUNNING_COLLECTOR.error(
+                f"close of task {target}: worker {self.config.worker_id} runs task {run.task_id} now",
+                task_id=run.task_id,
+            )
         finish_info = self._release(run)
         logger.info("closed task %s", run.task_id)
         return finish_info.to_wire()

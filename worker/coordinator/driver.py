@@ -27,9 +27,8 @@ from worker.protocol import (
     Refusal,
     StartReply,
     StartTask,
-    TaskName,
+    close_task,
     read_metadata,
-    simple_task,
 )
 
 logger = logging.getLogger(__name__)
@@ -247,7 +246,7 @@ class TaskDriver:
         assert task.control_queue is not None
         try:
             task.correlation_id = self.bus.send(
-                task.control_queue, simple_task(TaskName.CLOSE), timeout_s=self.timeouts.close_s
+                task.control_queue, close_task(task.task_id), timeout_s=self.timeouts.close_s
             )
         except QueueNotFound:
             logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)

@@ -16,7 +16,7 @@ from messaging import MessagingError
 from worker.coordinator.bus import CoordinatorBus
 from worker.coordinator.task import Task
 from worker.errors import TaskError
-from worker.protocol import STARTED, StartReply, TaskName, simple_task
+from worker.protocol import STARTED, StartReply, close_task
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def close_strays(bus: CoordinatorBus, tasks: Mapping[str, Task], close_timeout_s
             reply.worker_id,
         )
         try:
-            correlation_id = bus.send(reply.control_queue, simple_task(TaskName.CLOSE), timeout_s=close_timeout_s)
+            correlation_id = bus.send(reply.control_queue, close_task(reply.task_id), timeout_s=close_timeout_s)
             bus.abandon(correlation_id)
         except MessagingError as exc:
             logger.info("could not close the stray task %s: %s", reply.task_id, exc.message)

@@ -29,6 +29,8 @@ from worker.protocol.tasks import (
     StartReply,
     StartTask,
     TaskName,
+    close_target,
+    close_task,
     simple_task,
     task_name,
 )
@@ -53,6 +55,8 @@ __all__ = [
     "TaskName",
     "check_metadata",
     "checked_count",
+    "close_target",
+    "close_task",
     "read_metadata",
     "simple_task",
     "task_name",

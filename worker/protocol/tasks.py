@@ -229,5 +229,26 @@ class ResourceReply:
 
 
 def simple_task(name: TaskName) -> dict[str, Any]:
-    """The body of a task that carries no ``task_info`` (resource, data, close)."""
+    """The body of a task that carries no ``task_info`` (resource, data, DI-engine's close)."""
     return {"name": name.value}
+
+
+def close_task(task_id: str) -> dict[str, Any]:
+    """A close of ``task_id`` only: a worker that runs another task by now refuses it.
+
+    DI-engine's close names no task and ends whatever runs; a close that arrives late
+    (after the worker closed the task itself at its close wait and took the next one)
+    would then end a task somebody else follows.
+    """
+    return {"name": TaskName.CLOSE.value, "task_id": task_id}
+
+
+def close_target(body: Mapping[str, Any]) -> str | None:
+    """The task a close names (:func:`close_task`), or None for a close of whatever runs.
+
+    Raises:
+        TaskError: ``task_id`` is there but not a task id.
+    """
+    if "task_id" not in body:
+        return None
+    return checked_id(body, "task_id", Refusal.BAD_REQUEST)
