@@ -3,18 +3,52 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from messaging import BrokerLink, Names, Settings
+from messaging import BrokerLink, MetadataConsumer, Names, Settings
 from tests.procs import Proc, role_env, wait_for_queue
+from worker.errors import StorageError
 from worker.job import JobConfig
 from worker.rl.policy import QNetwork
-from worker.storage import PolicyStore
+from worker.storage import PolicyStore, StepStore
+
+
+class LearnerStandIn:
+    """The test in the learner's place: takes the learner queue's items and reads each data_id's file once."""
+
+    def __init__(self, link: BrokerLink, queue: str, data: Path) -> None:
+        self.consumer = MetadataConsumer(link, queue, prefetch=64)
+        self.store = StepStore(data)
+        self.received: list[str] = []
+        """Every delivery's data_id, duplicates included."""
+        self.unreadable: list[str] = []
+        """data_ids whose file was missing or not whole when first delivered."""
+
+    def take(self, timeout_s: float) -> bool:
+        """Handle one item if one arrives within ``timeout_s``; False if none did."""
+        item = self.consumer.get(timeout_s)
+        if item is None:
+            return False
+        data_id = item.message["data_id"]
+        if data_id not in self.received:  # a learner reads (and would learn from) a data_id once
+            try:
+                self.store.read(data_id, wait_s=0)
+            except StorageError:
+                self.unreadable.append(data_id)
+        self.received.append(data_id)
+        item.ack()
+        return True
+
+    def take_until(self, done: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < deadline:
+            self.take(0.2)
 
 
 class Cluster:
@@ -54,10 +88,11 @@ class Cluster:
     def learner(self) -> Proc:
         return self._start("learner", ["learner", "--config", str(self.job)])
 
-    def coordinator(self, *args: str) -> Proc:
+    def coordinator(self, *args: str, **env: str) -> Proc:
         return self._start(
             "coordinator",
             ["coordinator", "--config", str(self.job), "--run-log", str(self.run_log), "--progress", "log", *args],
+            **env,
         )
 
     def write_initial_policy(self) -> None:

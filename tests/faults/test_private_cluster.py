@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pika
 import pika.exceptions
@@ -44,11 +43,9 @@ from messaging.connection import node_address
 from tests.broker_admin import wait_until
 from tests.conftest import _need_rabbitmq_package
 from tests.fault_report import record, scaled
-from tests.faults.conftest import Cluster
+from tests.faults.conftest import Cluster, LearnerStandIn
 from tests.procs import Proc
 from tests.rabbit_nodes import PrivateCluster, PrivateNode
-from worker.errors import StorageError
-from worker.storage import StepStore
 
 pytestmark = [pytest.mark.fault, pytest.mark.cluster, pytest.mark.timeout(420)]
 
@@ -402,47 +399,15 @@ def _whole_job(
         f"max_env_steps = 100000000\nmax_time_s = {JOB_SECONDS}\n"
     )
     group.write_initial_policy()
-    collectors = [group._start(f"c{i}", ["collector", "--worker-id", f"c{i}"], **patient) for i in range(2)]
-    coordinator = group._start(
-        "coordinator",
-        [
-            "coordinator",
-            "--config",
-            str(group.job),
-            "--run-log",
-            str(group.run_log),
-            "--progress",
-            "log",
-            "--stop-value",
-            "100000",
-        ],
-        **patient,
-    )
+    collectors = [group.collector(f"c{i}", **patient) for i in range(2)]
+    coordinator = group.coordinator("--stop-value", "100000", **patient)
     names = group.names
     wait_until(lambda: link.queue_exists(names.learner_data("main")), 60, "the learner queue")
-    consumer = MetadataConsumer(link, names.learner_data("main"), prefetch=64)
-    store = StepStore(group.data)
-    received: list[str] = []
-    unreadable: list[str] = []
-
-    def take(item: Any) -> None:
-        data_id = item.message["data_id"]
-        if data_id not in received:  # a learner reads (and would learn from) a data_id once
-            try:
-                store.read(data_id, wait_s=0)
-            except StorageError:
-                unreadable.append(data_id)
-        received.append(data_id)
-        item.ack()
-
-    def consume_until(done: Any, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done() and time.monotonic() < deadline:
-            if (item := consumer.get(0.2)) is not None:
-                take(item)
+    learner = LearnerStandIn(link, names.learner_data("main"), group.data)
+    received = learner.received
 
     # When the run is well under way (tasks finished, data flowing to the learner)
-    consume_until(lambda: len(group.records("task")) >= 2 and len(received) >= 20, 60)
+    learner.take_until(lambda: len(group.records("task")) >= 2 and len(received) >= 20, 60)
     assert len(group.records("task")) >= 2, coordinator.log()[-3000:]
     # the node to kill: the one the collectors are connected to, which leads their queues
     # (the management API lists a connection after its first statistics interval)
@@ -456,9 +421,9 @@ def _whole_job(
     killed_wall = time.time()
     first.kill()
     # Then the job goes on to the end of its time budget through the surviving nodes
-    consume_until(lambda: not coordinator.alive(), JOB_SECONDS + 2 * FAILOVER_BOUND_S)
+    learner.take_until(lambda: not coordinator.alive(), JOB_SECONDS + 2 * FAILOVER_BOUND_S)
     assert coordinator.wait(30) == 3, coordinator.log()[-3000:]
-    consume_until(lambda: False, 3.0)  # what the end of the run left in the queue
+    learner.take_until(lambda: False, 3.0)  # what the end of the run left in the queue
     summary = group.summary(coordinator)
     assert "time budget" in summary["reason"], summary
     tasks_after = [r for r in group.records("task") if r["time"] > killed_wall]
@@ -477,7 +442,7 @@ def _whole_job(
     files = {p.name for p in group.data.iterdir() if not p.name.startswith(".")}
     assert written_before <= set(received)
     assert set(received) <= files
-    assert unreadable == []
+    assert learner.unreadable == []
     # and a file written after it but never delivered comes only from a task run twice: a
     # start request in flight at the kill, redelivered to a second worker (at-least-once);
     # the coordinator reads one run to its end and deletes the queue under the other

@@ -6,7 +6,6 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,11 +13,9 @@ from messaging import BrokerLink, MetadataConsumer, Names, RemoteError, RpcClien
 from messaging.errors import QueueNotFound, RpcTimeout
 from tests import broker_admin
 from tests.fault_report import record, scaled
-from tests.faults.conftest import Cluster
+from tests.faults.conftest import Cluster, LearnerStandIn
 from tests.procs import Proc
 from tests.tasks import random_policy_cfg, start_task
-from worker.errors import StorageError
-from worker.storage import StepStore
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.fault]
 
@@ -53,29 +50,17 @@ def test_collectors_killed_mid_task_lose_no_confirmed_data(
     coordinator = cluster.coordinator("--stop-value", "100000")
     names = cluster.names
     broker_admin.wait_until(lambda: link.queue_exists(names.learner_data("main")), 30, "the learner queue")
-    consumer = MetadataConsumer(link, names.learner_data("main"), prefetch=64)
-    store = StepStore(cluster.data)
-    received: list[str] = []
-    unreadable: list[str] = []
+    learner = LearnerStandIn(link, names.learner_data("main"), cluster.data)
+    received = learner.received
     rng = random.Random(7)
     killed = 0
     next_kill = time.monotonic() + rng.uniform(0.5, 1.5)
     deadline = time.monotonic() + 240
 
-    def take(item: Any) -> None:
-        data_id = item.message["data_id"]
-        try:
-            store.read(data_id, wait_s=0)
-        except StorageError:
-            unreadable.append(data_id)
-        received.append(data_id)
-        item.ack()
-
     with RpcClient(settings, "test-probe") as client:
         # When busy collectors are SIGKILLed at random moments (and replaced)
         while coordinator.alive() and time.monotonic() < deadline:
-            if (item := consumer.get(0.2)) is not None:
-                take(item)
+            learner.take(0.2)
             if killed < kills and time.monotonic() > next_kill:
                 victim = _busy_worker(client, names, workers)
                 if victim is not None:
@@ -84,18 +69,18 @@ def test_collectors_killed_mid_task_lose_no_confirmed_data(
                     spare = f"c{len(workers) + killed + 2}"
                     workers[spare] = cluster.collector(spare)
                 next_kill = time.monotonic() + rng.uniform(0.5, 1.5)
-    while (item := consumer.get(1.0)) is not None:
-        take(item)
+    while learner.take(1.0):
+        pass
     # Then the coordinator finished its budget on its own (no hang), re-running the lost tasks
     assert coordinator.wait(5) == 3, coordinator.log()[-2000:]
     summary = cluster.summary(coordinator)
     assert killed == kills
     assert summary["tasks_rerun"] >= 1
     # and every data_id that reached us names a complete, decodable file
-    assert unreadable == []
+    assert learner.unreadable == []
     final_files = [p for p in cluster.data.iterdir() if not p.name.startswith(".")]
     for path in final_files:
-        store.read(path.name, wait_s=0)  # raises CorruptFile on a partial file under a final name
+        learner.store.read(path.name, wait_s=0)  # raises CorruptFile on a partial file under a final name
     duplicates = len(received) - len(set(received))
     record(
         "collector SIGKILL mid-task",
@@ -103,7 +88,7 @@ def test_collectors_killed_mid_task_lose_no_confirmed_data(
         tasks_completed=summary["tasks_done"],
         tasks_rerun=summary["tasks_rerun"],
         data_ids_received=len(received),
-        files_readable=len(received) - len(unreadable),
+        files_readable=len(received) - len(learner.unreadable),
         duplicate_deliveries=duplicates,
         files_on_volume=len(final_files),
     )
