@@ -8,8 +8,8 @@ import pytest
 
 from messaging.connection import connection_name
 from worker.cli import build_parser, main
-from worker.flags import log_level
-from worker.launcher import collector_id
+from worker.cli.flags import log_level
+from worker.cli.run import collector_id
 
 #: The flags that decide when a run ends: only the coordinator (and ``warren run``) decide that.
 RUN_END_FLAGS = ("--stop-value", "--max-env-steps", "--max-time-s")

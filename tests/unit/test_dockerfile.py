@@ -191,7 +191,7 @@ def test_the_copied_source_builds_warren_with_its_entry_point(tmp_path: Path) ->
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         scripts = archive.read(entry_points).decode()
-    assert {"worker/cli.py", "messaging/settings.py", "worker/py.typed", "messaging/py.typed"} <= names
+    assert {"worker/cli/main.py", "messaging/settings.py", "worker/py.typed", "messaging/py.typed"} <= names
     assert re.search(r"^warren = worker\.cli:main$", scripts, re.MULTILINE)
 
 

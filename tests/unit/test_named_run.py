@@ -9,9 +9,9 @@ import pytest
 
 from messaging import ConfigurationError, Settings
 from worker.cli import build_parser
+from worker.cli.flags import flag_values
+from worker.cli.named_run import URL_PLACEHOLDER_TEXT, join_command, loopback_hosts, run_identity, url_placeholder
 from worker.config import CollectorConfig, role_config
-from worker.flags import flag_values
-from worker.named_run import URL_PLACEHOLDER_TEXT, join_command, loopback_hosts, run_identity, url_placeholder
 
 
 @pytest.mark.parametrize("name", ["a", "cartpole-7", "Exp_2.b", "x" * 62])

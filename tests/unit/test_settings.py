@@ -8,8 +8,8 @@ import pytest
 from messaging import ConfigurationError, Names, Settings, redact_url
 from messaging.settings import to_env
 from worker.cli import build_parser
+from worker.cli.run import child_env
 from worker.config import CollectorConfig, CoordinatorConfig, LearnerConfig, role_config
-from worker.launcher import child_env
 
 
 def test_defaults_without_environment() -> None:

@@ -5,7 +5,7 @@ that log to ``<workdir>/logs/``. Ctrl-C stops the coordinator, which then sends 
 child one SIGTERM and waits for it. Every child also gets SIGTERM from the kernel if
 this process dies (Linux parent-death signal), so no process outlives the run.
 
-A run named with ``--name`` (:mod:`worker.named_run`) can be joined by collectors on
+A run named with ``--name`` (:mod:`worker.cli.named_run`) can be joined by collectors on
 other machines: it keeps one collect task per collector listening on its task queue
 (not a fixed ``--collectors``), logs the command that joins it, and leaves its shared
 task queue in place at exit for the collectors that are still listening.
@@ -31,9 +31,9 @@ from typing import IO, Any
 
 from messaging import BrokerLink, Names, Settings, WarrenError
 from messaging.settings import to_env
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
+from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
+from worker.cli.named_run import RunIdentity, join_command, loopback_hosts, run_identity, run_name
 from worker.logs import setup_logging
-from worker.named_run import RunIdentity, join_command, loopback_hosts, run_identity, run_name
 
 logger = logging.getLogger(__name__)
 

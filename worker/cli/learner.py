@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level
+from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level
 from worker.logs import setup_logging
 
 

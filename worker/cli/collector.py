@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from worker.cli.flags import add_transport_flags, flag_values, log_level
 from worker.config import CollectorConfig, role_config
-from worker.flags import add_transport_flags, flag_values, log_level
 from worker.logs import setup_logging
 
 

@@ -19,7 +19,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from worker import collector_cli, coordinator_cli, launcher, learner_cli, plot
+    from worker.cli import collector, coordinator, learner, plot, run
 
     parser = argparse.ArgumentParser(
         prog="warren",
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for role in (collector_cli, coordinator_cli, learner_cli, launcher, plot):
+    for role in (collector, coordinator, learner, run, plot):
         role.add_parser(commands)
     return parser
 
@@ -52,7 +52,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warren {args.command}: {exc.message}", file=sys.stderr)
         return 2
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
