@@ -125,9 +125,17 @@ def declare_queue(conn: pika.SelectConnection, decl: QueueDecl, on_done: OnDone)
             callback=functools.partial(declared, channel),
         )
 
-    def declared(channel: Channel, _frame: Any) -> None:
-        channel.close()
-        on_done(None)
+    def declared(channel: Channel, _frame: Any, fanouts: tuple[str, ...] = decl.fanouts) -> None:
+        if not fanouts:
+            channel.close()
+            on_done(None)
+            return
+        exchange, rest = fanouts[0], fanouts[1:]
+
+        def bind(_frame: Any) -> None:
+            channel.queue_bind(decl.name, exchange, callback=lambda f: declared(channel, f, rest))
+
+        channel.exchange_declare(exchange, exchange_type="fanout", durable=True, callback=bind)
 
     def on_close(_channel: Channel, reason: BaseException) -> None:
         # Closed by us after the declaration, or with the connection (the reconnect redoes it).

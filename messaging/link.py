@@ -178,6 +178,9 @@ class BrokerLink(QueueAdmin):
                 auto_delete=decl.auto_delete,
                 arguments=decl.arguments,
             )
+            for exchange in decl.fanouts:
+                channel.exchange_declare(exchange, exchange_type="fanout", durable=True)
+                channel.queue_bind(decl.name, exchange)
             channel.close()
 
     def declare(self, decl: QueueDecl, *, remember: bool = True) -> None:
@@ -213,8 +216,12 @@ class BrokerLink(QueueAdmin):
         headers: dict[str, Any] | None = None,
         mandatory: bool = True,
         confirm: bool = True,
+        exchange: str = "",
     ) -> None:
         """Publish to ``queue`` through the default exchange and wait for the broker's confirm.
+
+        With ``exchange`` the message goes to that exchange instead, ``queue`` being the
+        routing key (a fanout exchange ignores it).
 
         With ``mandatory`` (the default) a missing queue is an error at once, not a
         silently dropped message. After a connection loss the message is published
@@ -245,8 +252,8 @@ class BrokerLink(QueueAdmin):
         def run() -> None:
             channel = self._confirm_channel() if confirm else self._plain_channel()
             try:
-                with translated(f"publishing to {queue}"):
-                    channel.basic_publish("", queue, body, properties=props, mandatory=mandatory)
+                with translated(f"publishing to {exchange or queue}"):
+                    channel.basic_publish(exchange, queue, body, properties=props, mandatory=mandatory)
             except (QueueNotFound, ChannelError):
                 # The broker may close the channel on some refusals: start a fresh one next time.
                 self._publish_channel = self._unconfirmed_channel = None

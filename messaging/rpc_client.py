@@ -52,6 +52,7 @@ class RpcClient:
         self._replies: Subscription | None = None
         self._waiting: set[str] = set()
         self._arrived: dict[str, Envelope] = {}
+        self._gathering: dict[str, list[Envelope]] = {}
         self._stray: collections.deque[Envelope] = collections.deque(maxlen=STRAY_KEPT)
         self.dropped_replies = 0
 
@@ -160,6 +161,49 @@ class RpcClient:
         self._waiting.discard(correlation_id)
         return self._unwrap(envelope)
 
+    def broadcast(self, exchange: str, request: Any, *, timeout_s: float | None = None) -> str:
+        """Publish ``request`` to a fanout exchange: every queue bound to it gets a copy, every server replies.
+
+        Returns the correlation id for :meth:`gathered`. Not mandatory: nobody bound is no
+        error, just no replies. Every request expires after ``timeout_s``.
+        """
+        timeout = self.settings.rpc_timeout_s if timeout_s is None else timeout_s
+        self._ensure_replies()
+        correlation_id = uuid.uuid4().hex
+        body = encode(request, max_bytes=self.settings.max_message_bytes)
+        self._gathering[correlation_id] = []
+        self.link.publish(
+            "",
+            body,
+            exchange=exchange,
+            correlation_id=correlation_id,
+            reply_to=self.reply_queue,
+            expiration_ms=max(1, int(timeout * 1000)),
+            mandatory=False,
+            confirm=False,
+        )
+        return correlation_id
+
+    def gathered(self, correlation_id: str, *, done: bool = False) -> list[dict[str, Any]]:
+        """The results of the replies to a :meth:`broadcast` that arrived so far; never blocks.
+
+        Each reply is returned once. Refusals and unreadable replies are left out. With
+        ``done`` the broadcast is over: later replies are dropped.
+        """
+        replies_sub = self._ensure_replies()
+        while (delivery := replies_sub.get(0.0)) is not None:
+            delivery.ack()
+            self._sort(delivery.envelope)
+        envelopes = self._gathering.get(correlation_id, [])
+        self._gathering[correlation_id] = []
+        if done:
+            self._gathering.pop(correlation_id, None)
+        results = []
+        for envelope in envelopes:
+            with contextlib.suppress(DecodeError, RemoteError):
+                results.append(self._unwrap(envelope))
+        return results
+
     def abandon(self, correlation_id: str) -> None:
         """Give up on a call: a reply arriving later is dropped with a log line."""
         self._waiting.discard(correlation_id)
@@ -181,6 +225,9 @@ class RpcClient:
         corr = envelope.correlation_id
         if corr is not None and corr in self._waiting:
             self._arrived[corr] = envelope
+            return
+        if corr is not None and corr in self._gathering:
+            self._gathering[corr].append(envelope)
             return
         self.dropped_replies += 1
         self._stray.append(envelope)

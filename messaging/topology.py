@@ -28,6 +28,8 @@ class QueueDecl:
     exclusive: bool = False
     auto_delete: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
+    fanouts: tuple[str, ...] = ()
+    """Fanout exchanges (declared durable) the queue is bound to, e.g. the collectors' roster."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class Names:
     def collector_tasks(self) -> str:
         """Shared durable queue of collector tasks; every idle collector competes for it."""
         return f"{self.prefix}.collector.tasks"
+
+    @property
+    def collector_roster(self) -> str:
+        """Fanout exchange every collector's control queue is bound to: a ``resource`` sent there reaches all."""
+        return f"{self.prefix}.collector.roster"
 
     def collector_control(self, worker_id: str) -> str:
         """A collector's own queue, for tasks about the collector it is running."""
@@ -111,6 +118,7 @@ class Names:
             exclusive=False,
             auto_delete=True,
             arguments=self.dead_letter_args(),
+            fanouts=(self.collector_roster,),
         )
 
     def metadata_decl(self, task_id: str, *, max_length: int, expires_s: float) -> QueueDecl:

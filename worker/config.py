@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from messaging import ConfigurationError, Settings
 from messaging.settings import load
 from worker.job import JobConfig
+from worker.plugins.registry import DEFAULT_ENV_PACKAGES
 
 _C = TypeVar("_C")
 _WORKER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -74,6 +75,11 @@ class CollectorConfig:
     """fsync step files before publishing their metadata (survives host crashes, costs ~0.3 ms/file)."""
     handler_threads: int = 4
     """Tasks served at the same time (data and close tasks run while a collector runs)."""
+    plugins: str = "*"
+    """Distributions whose ``warren.*`` entry points this worker loads (comma-separated; ``*``:
+    every installed one). warren's built-ins are always there. Tasks can only name what is loaded."""
+    env_packages: str = DEFAULT_ENV_PACKAGES
+    """Modules imported at start so their gymnasium ids register (comma-separated; missing ones are skipped)."""
 
     def __post_init__(self) -> None:
         if not _WORKER_ID_RE.match(self.worker_id):

@@ -1,4 +1,4 @@
-"""The job: what one training run does (env, policy, collector, learner and coordinator).
+"""The job: what one training run does (env, algorithm, model, collector, learner and coordinator).
 
 One typed, frozen :class:`JobConfig`, read from an optional TOML file (or the JSON
 ``job.json`` that ``warren run`` writes into its workdir) and overridden by flags. The
@@ -8,13 +8,26 @@ defaults are the shipped CartPole-v1 DQN job. A file looks like::
     id = "CartPole-v1"
     stop_value = 195.0
 
-    [collector]
-    n_sample = 128
+    [algorithm]
+    name = "dqn"            # a built-in (dqn, random) or an installed plug-in
+    lr = 0.001              # its hyperparameters, checked by the plug-in
 
-    [learner]
-    lr = 0.001
+    [model]
+    name = "mlp"
+    hidden_sizes = [128, 128]
+
+    [collector]
+    n_sample = 2048
 
 Unknown sections or keys are errors, so a typo never silently falls back to a default.
+The ``[algorithm]`` and ``[model]`` keys besides ``name`` and ``version`` belong to the
+plug-in, which says which it knows.
+
+Loading a job checks it the way the workers will: the plug-ins exist, the algorithm and
+the model take the env's spaces, every key is known. It also records what the workers
+need and could not find out alone: the env's spaces (so a learner builds its model
+without making an env) and the versions of the plug-ins (every task names them, and a
+worker with another version refuses). ``job.json`` carries both.
 
 The stop value, when neither the file nor a flag gives one, is the env's: 195 for
 CartPole-v1 (DI-engine's value, kept so runs compare with DI-engine's), otherwise the
@@ -27,14 +40,18 @@ import dataclasses
 import json
 import math
 import tomllib
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from messaging import ConfigurationError
 from worker.errors import TaskError
+from worker.plugins import Algorithm, PluginKind, PluginRegistry, Spaces, config_to_dict, installed
+from worker.plugins.binding import build_algorithm, env_plugin, make_env_context
+from worker.plugins.registry import GYMNASIUM
 from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
-from worker.rl.config import LearnerSpec
 
 #: Stop values that differ from the env's gymnasium ``reward_threshold`` (see :func:`default_stop_value`).
 #: CartPole-v1: DI-engine's 195 (its cartpole DQN config; gymnasium's threshold is 475), so a
@@ -52,46 +69,38 @@ RETURN_RANGES = {
 }
 
 
-def default_stop_value(env_id: str) -> float:
+def default_stop_value(env_id: str, plugin: str | None = None) -> float:
     """The stop value of ``env_id`` when the job gives none: :data:`STOP_VALUES`, else its ``reward_threshold``.
 
     Raises:
-        ConfigurationError: no collector would run the env, or its spec has no
-            ``reward_threshold`` (then the job must give a stop value).
+        ConfigurationError: the env has no ``reward_threshold`` (then the job must give a stop value).
     """
-    if env_id in STOP_VALUES:
+    if plugin in (None, GYMNASIUM) and env_id in STOP_VALUES:
         return STOP_VALUES[env_id]
-    spec = _usable_env_spec(env_id)
-    if spec.reward_threshold is None:
+    threshold = None
+    if plugin in (None, GYMNASIUM):
+        import gymnasium as gym  # here, not at import: only the roles that read a job need it
+
+        if env_id in gym.registry:
+            threshold = gym.spec(env_id).reward_threshold
+    if threshold is None:
         raise ConfigurationError(
             f"env {env_id!r} has no reward_threshold in its gymnasium spec: give a stop value "
             "(--stop-value, or stop_value in [env]; inf runs until a budget ends the run)"
         )
-    return float(spec.reward_threshold)
-
-
-def _usable_env_spec(env_id: str) -> Any:
-    """The gymnasium spec of ``env_id``, once checked the way a collector checks a task's env.
-
-    Raises:
-        ConfigurationError: every collector would refuse the env (not registered, or not
-            flat ``Box`` observations and ``Discrete`` actions).
-    """
-    import gymnasium as gym  # here, not at import: only the roles that read a job need it
-
-    from worker.rl.envs import make_env
-
-    try:
-        make_env(env_id).close()
-    except TaskError as exc:
-        raise ConfigurationError(f"the job's tasks would be refused: {exc.message}") from None
-    return gym.spec(env_id)
+    return float(threshold)
 
 
 @dataclass(frozen=True)
 class EnvSection:
     id: str = "CartPole-v1"
-    """gymnasium id (flat Box observations, Discrete actions)."""
+    """The env: a gymnasium id, or (with ``plugin``) an id the env plug-in knows."""
+    plugin: str | None = None
+    """The env plug-in that makes it; left out: gymnasium's registry."""
+    plugin_version: str | None = None
+    """The env plug-in's version (left out: the one installed where the job is loaded)."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env (``[env.kwargs]``), plain data."""
     collector_env_num: int = 64
     """Envs per collect task, stepped as one vector env (one policy forward pass per step)."""
     evaluator_env_num: int = 5
@@ -102,6 +111,25 @@ class EnvSection:
     """The run succeeds once an eval's mean return reaches this (``inf``: never; a budget ends it).
     Left out of a config file: the env's (:func:`default_stop_value`)."""
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class AlgorithmSection:
+    """``[algorithm]``: the plug-in by name, and its hyperparameters (every other key)."""
+
+    name: str = "dqn"
+    version: str | None = None
+    """Left out: the version installed where the job is loaded; every task names it."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """``[model]``: the model plug-in (left out: the algorithm's default) and its settings."""
+
+    name: str | None = None
+    version: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,32 +180,56 @@ class CoordinatorSection:
 class LearnerSection:
     policy_write_interval_s: float = 0.5
     """Write the policy file at most this often (it is read every ``update_policy_second``)."""
+    checkpoint_interval_s: float = 10.0
+    """Write the learner's full checkpoint (targets, optimizer) at most this often, and at exit."""
     delete_consumed: bool = True
     """Delete a step data file once its samples are in the replay buffer."""
     read_wait_s: float = 5.0
     """How long to wait for a step file named in metadata to appear."""
 
 
+#: The sections of a job file, by name; ``[algorithm]`` and ``[model]`` are read apart.
+_SECTIONS: dict[str, Any] = {
+    "env": EnvSection,
+    "collector": CollectorSection,
+    "coordinator": CoordinatorSection,
+    "learner": LearnerSection,
+}
+
+
 @dataclass(frozen=True)
 class JobConfig:
-    """Everything the CartPole-style DQN job needs, shared by coordinator and learner."""
+    """Everything a job needs, shared by coordinator and learner; see the module docstring.
+
+    ``spaces`` is derived when not given (the env is made once to read them).
+    """
 
     env: EnvSection = field(default_factory=EnvSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    model: ModelSection = field(default_factory=ModelSection)
     collector: CollectorSection = field(default_factory=CollectorSection)
     coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
-    learner_process: LearnerSection = field(default_factory=LearnerSection)
-    learner: LearnerSpec = field(default_factory=LearnerSpec)
+    learner: LearnerSection = field(default_factory=LearnerSection)
+    spaces: Spaces | None = None
+    _bound: Algorithm | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        registry = installed()
+        try:
+            if self.spaces is None:
+                object.__setattr__(self, "spaces", probe_spaces(registry, self.env))
+            self._pin_versions(registry)
+            object.__setattr__(self, "_bound", self._build(registry))
+        except TaskError as exc:
+            raise ConfigurationError(f"the job cannot run: {exc.message}") from None
         # The tasks this job will send, built once now: a value no collector would accept
         # (too many envs, a zero policy period...) is a configuration error at start-up,
         # not a refusal in the middle of a run.
         try:
-            self.collect_spec(self.learner.eps_start)
+            self.collect_spec(0)
             self.eval_spec()
         except TaskError as exc:
             raise ConfigurationError(f"the job's tasks would be refused: {exc.message}") from None
-        _usable_env_spec(self.env.id)
         if math.isnan(self.env.stop_value):
             raise ConfigurationError("env.stop_value is nan: no return reaches it (inf: run until a budget ends it)")
         if self.coordinator.max_run_ahead_samples < self.collector.n_sample:
@@ -186,13 +238,49 @@ class JobConfig:
                 f" collector.n_sample ({self.collector.n_sample}): no collect task could ever start"
             )
 
+    def _pin_versions(self, registry: PluginRegistry) -> None:
+        """Fill in the installed version of every plug-in the job leaves unversioned (tasks name them)."""
+        algo = registry.get(PluginKind.ALGORITHM, self.algorithm.name, self.algorithm.version)
+        model_name = self.model.name or algo.obj.default_model
+        model = registry.get(PluginKind.MODEL, model_name, self.model.version)
+        object.__setattr__(self, "algorithm", dataclasses.replace(self.algorithm, version=algo.version))
+        object.__setattr__(self, "model", dataclasses.replace(self.model, name=model_name, version=model.version))
+        if self.env.plugin not in (None, GYMNASIUM):
+            env = registry.get(PluginKind.ENV, self.env.plugin, self.env.plugin_version)
+            object.__setattr__(self, "env", dataclasses.replace(self.env, plugin_version=env.version))
+
+    def _build(self, registry: PluginRegistry) -> Algorithm:
+        assert self.spaces is not None
+        algorithm = build_algorithm(
+            registry,
+            self.spaces,
+            algorithm=self.algorithm.name,
+            algorithm_version=self.algorithm.version,
+            config=self.algorithm.config,
+            model=self.model.name,
+            model_version=self.model.version,
+            model_config=self.model.config,
+        )
+        # The configs as the plug-ins complete them, so job.json and every task spell out every value.
+        algorithm_config, model_config = config_to_dict(algorithm.config), config_to_dict(algorithm.model.config)
+        object.__setattr__(self, "algorithm", dataclasses.replace(self.algorithm, config=algorithm_config))
+        object.__setattr__(self, "model", dataclasses.replace(self.model, config=model_config))
+        return algorithm
+
+    @property
+    def bound(self) -> Algorithm:
+        """The job's algorithm, configured, on its model, for its spaces."""
+        assert self._bound is not None
+        return self._bound
+
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> JobConfig:
         """Defaults, then the file at ``path`` (TOML, or JSON if it ends in ``.json``), then
         ``overrides`` (``"section.key": value``).
 
         Raises:
-            ConfigurationError: unreadable file, unknown section or key, wrong type or range.
+            ConfigurationError: unreadable file, unknown section or key, wrong type or range,
+                a plug-in that is missing or refuses the env.
         """
         data: dict[str, dict[str, Any]] = {}
         if path is not None:
@@ -219,34 +307,25 @@ class JobConfig:
         """The job from ``{section: {key: value}}``; a missing ``env.stop_value`` is the env's.
 
         Raises:
-            ConfigurationError: unknown section or key, wrong type or range, unknown env.
+            ConfigurationError: unknown section or key, wrong type or range, unknown env or plug-in.
         """
-        env = data.get("env", {})
-        if isinstance(env, dict) and "stop_value" not in env and isinstance(env.get("id", EnvSection.id), str):
-            data = {**data, "env": {**env, "stop_value": default_stop_value(env.get("id", EnvSection.id))}}
+        known = {*_SECTIONS, "algorithm", "model", "spaces"}
+        for name in data:
+            if name not in known:
+                raise ConfigurationError(f"unknown config section [{name}]; known: {sorted(known)}")
+        env = dict(data.get("env", {}))
+        if "stop_value" not in env and isinstance(env.get("id", EnvSection.id), str):
+            env["stop_value"] = default_stop_value(env.get("id", EnvSection.id), env.get("plugin"))
         sections: dict[str, Any] = {}
-        types: dict[str, Any] = {
-            "env": EnvSection,
-            "collector": CollectorSection,
-            "coordinator": CoordinatorSection,
-            "learner_process": LearnerSection,
-            "learner": LearnerSpec,
-        }
-        for name, raw_values in data.items():
-            if name not in types:
-                raise ConfigurationError(f"unknown config section [{name}]; known: {sorted(types)}")
-            section_type = types[name]
-            known = {f.name for f in fields(section_type)}
-            values = dict(raw_values)
-            unknown = set(values) - known
-            if unknown:
-                raise ConfigurationError(f"unknown keys in [{name}]: {sorted(unknown)}; known: {sorted(known)}")
-            if "hidden_sizes" in values:
-                values["hidden_sizes"] = tuple(values["hidden_sizes"])
+        for name, section_type in _SECTIONS.items():
+            sections[name] = _section(name, section_type, env if name == "env" else data.get(name, {}))
+        sections["algorithm"] = _plugin_section("algorithm", AlgorithmSection, data.get("algorithm", {}))
+        sections["model"] = _plugin_section("model", ModelSection, data.get("model", {}))
+        if "spaces" in data:
             try:
-                sections[name] = section_type(**values)
-            except (TaskError, TypeError, ValueError) as exc:
-                raise ConfigurationError(f"[{name}]: {getattr(exc, 'message', exc)}") from None
+                sections["spaces"] = Spaces.from_wire(data["spaces"])
+            except TaskError as exc:
+                raise ConfigurationError(f"[spaces]: {exc.message}") from None
         return cls(**sections)
 
     def warnings(self) -> list[str]:
@@ -267,20 +346,50 @@ class JobConfig:
             ]
         return []
 
+    def to_dict(self) -> dict[str, Any]:
+        """The job as plain data, in the layout :meth:`from_dict` reads (``[algorithm]`` keys flat)."""
+        out: dict[str, Any] = {name: _plain(dataclasses.asdict(getattr(self, name))) for name in _SECTIONS}
+        for name in ("algorithm", "model"):
+            section = getattr(self, name)
+            out[name] = {
+                **({"name": section.name} if section.name is not None else {}),
+                **({"version": section.version} if section.version is not None else {}),
+                **_plain(dict(section.config)),
+            }
+        if self.spaces is not None:
+            out["spaces"] = _plain(self.spaces.to_wire())
+        return out
+
     def to_json(self) -> str:
         """The job as ``job.json``: :meth:`load` reads it back to an equal config."""
-        return json.dumps(dataclasses.asdict(self), indent=2, default=list)
+        return json.dumps(self.to_dict(), indent=2)
 
     # -- task bodies ----------------------------------------------------------------
 
-    def collect_spec(self, eps: float) -> CollectorSpec:
-        """``collector_cfg`` of a collect task exploring with ``eps``."""
+    def policy_spec(self) -> PolicySpec:
+        """``collector_cfg.policy`` of this job's tasks: the algorithm and model, named and versioned."""
+        return PolicySpec(
+            type=self.algorithm.name,
+            version=self.algorithm.version,
+            config=dict(self.algorithm.config),
+            model=self.model.name,
+            model_version=self.model.version,
+            model_config=dict(self.model.config),
+        )
+
+    def env_spec(self, env_num: int, seed: int) -> EnvSpec:
+        env = self.env
+        return EnvSpec(env.id, env_num, seed, plugin=env.plugin, plugin_version=env.plugin_version, kwargs=env.kwargs)
+
+    def collect_spec(self, env_steps: int) -> CollectorSpec:
+        """``collector_cfg`` of a collect task started after ``env_steps`` env steps (its schedule's point)."""
         return CollectorSpec(
-            env=EnvSpec(self.env.id, self.env.collector_env_num, self.env.seed),
-            policy=PolicySpec("dqn", self.learner.hidden_sizes),
+            env=self.env_spec(self.env.collector_env_num, self.env.seed),
+            policy=self.policy_spec(),
+            spaces=self.spaces,
             n_sample=self.collector.n_sample,
             traj_len=self.collector.traj_len,
-            eps=eps,
+            collect_setting=self.bound.collect_settings(env_steps),
             policy_update_path=self.coordinator.policy_name,
             update_policy_second=self.collector.update_policy_second,
         )
@@ -288,9 +397,64 @@ class JobConfig:
     def eval_spec(self) -> CollectorSpec:
         """``collector_cfg`` of an eval task: greedy, fresh episodes, no step data."""
         return CollectorSpec(
-            env=EnvSpec(self.env.id, self.env.evaluator_env_num, self.env.seed + 10_000),
-            policy=PolicySpec("dqn", self.learner.hidden_sizes),
+            env=self.env_spec(self.env.evaluator_env_num, self.env.seed + 10_000),
+            policy=self.policy_spec(),
+            spaces=self.spaces,
             n_episode=self.env.eval_episodes,
             policy_update_path=self.coordinator.policy_name,
             eval_flag=True,
         )
+
+
+def probe_spaces(registry: PluginRegistry, env: EnvSection) -> Spaces:
+    """The env's spaces, read off a one-env vector env made the way a collector makes it.
+
+    Raises:
+        TaskError: the env plug-in is missing, cannot make the env, or its spaces are not ones warren carries.
+    """
+    from worker.rl.envs import VecEnvBatch
+
+    plugin = env_plugin(registry, env.plugin, env.plugin_version)
+    batch = VecEnvBatch(plugin, make_env_context(env.id, 1, kwargs=env.kwargs, seed=env.seed))
+    try:
+        return batch.spaces
+    finally:
+        batch.close()
+
+
+def _section(name: str, section_type: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"[{name}] must be a table")
+    known = {f.name for f in fields(section_type)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigurationError(f"unknown keys in [{name}]: {sorted(unknown)}; known: {sorted(known)}")
+    hints = typing.get_type_hints(section_type)
+    # job.json spells infinities as strings (JSON has none): read them back as floats.
+    values = {k: float(v) if hints[k] is float and v in ("inf", "-inf") else v for k, v in raw.items()}
+    try:
+        return section_type(**values)
+    except (TaskError, TypeError, ValueError) as exc:
+        raise ConfigurationError(f"[{name}]: {getattr(exc, 'message', exc)}") from None
+
+
+def _plugin_section(name: str, section_type: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"[{name}] must be a table")
+    values = dict(raw)
+    head = {key: values.pop(key) for key in ("name", "version") if key in values}
+    for key, value in head.items():
+        if not isinstance(value, str):
+            raise ConfigurationError(f"[{name}] {key} must be a string, got {value!r}")
+    return section_type(**head, config=values)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: tuples as lists, infinities as strings (``"inf"``), which ``float()`` reads back."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value

@@ -47,3 +47,16 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+
+def limit_torch_threads(num_threads: int = 1) -> None:
+    """Cap torch's intra-op thread pool (imports torch: call it where torch is needed anyway).
+
+    Collector processes run small batched forward passes; several of them share a host
+    with the learner, and torch's default of one thread per core makes them fight over the
+    cores for no gain. Call once at process start.
+    """
+    import torch
+
+    if torch.get_num_threads() != num_threads:
+        torch.set_num_threads(num_threads)

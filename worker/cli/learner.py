@@ -1,8 +1,9 @@
-"""``warren learner``: train the job's DQN from the collected step data."""
+"""``warren learner``: train the job's algorithm on the collected step data."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,16 @@ from messaging import WarrenError
 from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level
 from worker.logs import setup_logging
 
+logger = logging.getLogger(__name__)
+
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "learner",
-        help="train a DQN from the step data and write policy files",
+        help="train the job's algorithm on the step data and write policy files",
         description=(
             "Consume data metadata from <prefix>.learner.<buffer_id>, read the step files from "
-            "--path-data into a replay buffer, train, and write {model, iter} to --path-policy."
+            "--path-data, train the job's algorithm, and write its weights (safetensors) to --path-policy."
         ),
     )
     add_transport_flags(parser)
@@ -39,6 +42,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         Learner(config, stop).run()
     except WarrenError as exc:
-        print(f"warren learner: {exc.message}")
+        logger.critical("learner stops: %s", exc.message)
         return 1
     return 0

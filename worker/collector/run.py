@@ -23,6 +23,7 @@ from messaging import (
 )
 from worker.collector.sink import BrokerSink
 from worker.errors import WarrenError
+from worker.plugins import Algorithm
 from worker.protocol import FinishInfo, InfoItem, StartTask
 from worker.rl.envs import VecEnvBatch
 from worker.rl.rollout import Rollout
@@ -58,7 +59,10 @@ class CollectorRun:
         steps: where step files go.
         policies: where policy files come from.
         policy_wait_s: how long to wait for the first policy.
-        envs: an env batch to reuse across collect tasks (``None``: a fresh one).
+        algorithm: the task's algorithm, bound to its model and spaces.
+        envs: the env batch the task steps.
+        owns_envs: close ``envs`` when the task ends (eval tasks); else the worker keeps
+            them for its next collect task.
     """
 
     def __init__(
@@ -72,7 +76,9 @@ class CollectorRun:
         policies: PolicyStore,
         policy_wait_s: float,
         stall_timeout_s: float,
-        envs: VecEnvBatch | None = None,
+        algorithm: Algorithm,
+        envs: VecEnvBatch,
+        owns_envs: bool = False,
     ) -> None:
         self.start_task = start
         self.metadata = metadata
@@ -88,7 +94,9 @@ class CollectorRun:
         self._steps = steps
         self._policies = policies
         self._policy_wait_s = policy_wait_s
+        self._algorithm = algorithm
         self._envs = envs
+        self._owns_envs = owns_envs
         self._rollout: Rollout | None = None
         self._sink: BrokerSink | None = None
         self._aborted = False
@@ -154,6 +162,8 @@ class CollectorRun:
             logger.error("task %s lost its broker link: %s", self.task_id, exc.message)
         finally:
             confirmed.close(FINAL_INFO_WAIT_S)
+            if self._owns_envs:
+                self._envs.close()
             self.finished_at = time.monotonic()
             self.finished.set()
 
@@ -165,7 +175,7 @@ class CollectorRun:
         if start.cfg.policy_update_path is not None:
             source = FilePolicySource(self._policies, start.cfg.policy_update_path)
         self._rollout = Rollout(
-            start.cfg, sink, source, stop=self.stop, policy_wait_s=self._policy_wait_s, envs=self._envs
+            start.cfg, self._algorithm, self._envs, sink, source, stop=self.stop, policy_wait_s=self._policy_wait_s
         )
         logger.info("task %s started (%s)", start.task_id, "eval" if start.cfg.eval_flag else "collect")
         try:

@@ -25,8 +25,13 @@ import torch
 from messaging import BrokerLink, DecodeError, MessagingError, Names, Reply, Request, RpcServer, decode
 from worker.collector.run import CollectorRun
 from worker.config import CollectorConfig
-from worker.errors import StorageError, UnsafePath, WarrenError
+from worker.errors import StorageError, TaskError, UnsafePath, WarrenError
+from worker.lifecycle import limit_torch_threads
+from worker.plugins import Algorithm, EnvPlugin, MissingPlugin, PluginRegistry, Spaces, UnsupportedSpace
+from worker.plugins.binding import build_algorithm, env_plugin, make_env_context
+from worker.plugins.registry import describe_inventory
 from worker.protocol import (
+    CollectorSpec,
     FinishInfo,
     Refusal,
     ResourceReply,
@@ -36,7 +41,7 @@ from worker.protocol import (
     close_target,
     task_name,
 )
-from worker.rl.envs import VecEnvBatch, make_env
+from worker.rl.envs import VecEnvBatch
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
@@ -76,6 +81,10 @@ class CollectorWorker:
         self._envs: VecEnvBatch | None = None
         # CUDA_VISIBLE_DEVICES is read once per process: measured once, `resource` only reads it.
         self._gpus = int(torch.cuda.device_count())
+        limit_torch_threads(1)
+        # Every plug-in this worker may run is imported now, once: a task can only choose among them.
+        self.registry = PluginRegistry.discover(config.plugins, config.env_packages)
+        self._inventory = self.registry.inventory()
         self.tasks_started = 0
 
     # -- lifecycle ------------------------------------------------------------------
@@ -98,6 +107,7 @@ class CollectorWorker:
         logger.info(
             "worker %s serving %s and %s", self.config.worker_id, self.names.collector_tasks, self.control_queue
         )
+        logger.info("plug-ins: %s", "; ".join(describe_inventory(self._inventory)))
 
     def tick(self) -> None:
         """Housekeeping from the main thread: close a finished task nobody came to close."""
@@ -163,6 +173,7 @@ class CollectorWorker:
             control_queue=self.control_queue,
             busy=run is not None,
             task_id=run.task_id if run is not None else None,
+            plugins=self._inventory,
         ).to_wire()
 
     def _start(self, request: Request) -> Reply:
@@ -180,7 +191,8 @@ class CollectorWorker:
                 raise Refusal.WORKER_BUSY.error(
                     f"worker {self.config.worker_id} is busy with task {self._run.task_id}", task_id=self._run.task_id
                 )
-            envs = self._envs_for(start)  # may refuse the task (unknown env id): before pausing
+            # May refuse the task (a missing plug-in, an unknown env, spaces that differ): before pausing.
+            algorithm, envs = self._prepare(start)
             # Declared before replying, so the coordinator can read the stream at once. Once:
             # the task's own publisher keeps it declared while the task runs.
             request.link.declare(decl, remember=False)
@@ -195,7 +207,9 @@ class CollectorWorker:
                 policies=self.policies,
                 policy_wait_s=self.config.policy_wait_s,
                 stall_timeout_s=self.config.stall_timeout_s,
+                algorithm=algorithm,
                 envs=envs,
+                owns_envs=start.cfg.eval_flag,
             )
             run.start()
             self._run = run
@@ -238,19 +252,70 @@ class CollectorWorker:
         except UnsafePath as exc:
             raise Refusal.UNSAFE_PATH.error(f"refused policy_update_path: {exc.message}") from None
 
-    def _envs_for(self, start: StartTask) -> VecEnvBatch | None:
+    def _prepare(self, start: StartTask) -> tuple[Algorithm, VecEnvBatch]:
+        """The task's algorithm and env batch, or the refusal that says why this worker cannot run it.
+
+        Collect tasks reuse the worker's env batch while the env stays the same (episodes
+        continue across tasks); eval tasks get a fresh one, closed when they end.
+        """
         spec = start.cfg
+        worker = self.config.worker_id
+        try:
+            plugin = env_plugin(self.registry, spec.env.plugin, spec.env.plugin_version)
+            envs = self._envs_for(spec, plugin)
+            try:
+                algorithm = self._bind(spec, envs.spaces)
+            except BaseException:
+                if spec.eval_flag:
+                    envs.close()
+                raise
+        except MissingPlugin as exc:
+            message = f"worker {worker}: {exc.message}"
+            raise Refusal.MISSING_PLUGIN.error(message, worker_id=worker, **exc.result) from None
+        except UnsupportedSpace as exc:
+            raise Refusal.UNSUPPORTED_ENV.error(exc.message) from None
+        return algorithm, envs
+
+    def _bind(self, spec: CollectorSpec, env_spaces: Spaces) -> Algorithm:
+        if spec.spaces is not None and spec.spaces.digest != env_spaces.digest:
+            raise Refusal.UNSUPPORTED_ENV.error(
+                f"env {spec.env.id!r} on worker {self.config.worker_id} has {env_spaces.describe()}; the task's "
+                f"spaces are {spec.spaces.describe()} (another version of the env?)"
+            )
+        policy = spec.policy
+        try:
+            algorithm = build_algorithm(
+                self.registry,
+                spec.spaces or env_spaces,
+                algorithm=policy.type,
+                algorithm_version=policy.version,
+                config=policy.config,
+                model=policy.model,
+                model_version=policy.model_version,
+                model_config=policy.model_config,
+            )
+            algorithm.check_collect_settings(spec.collect_setting)
+        except (MissingPlugin, UnsupportedSpace):
+            raise
+        except TaskError as exc:
+            raise Refusal.BAD_COLLECTOR_CFG.error(exc.message) from None
+        if algorithm.kind != "none" and spec.policy_update_path is None:
+            raise Refusal.BAD_COLLECTOR_CFG.error(
+                f"collector_cfg.policy_update_path is missing (algorithm {policy.type!r} acts with learned weights)"
+            )
+        return algorithm
+
+    def _envs_for(self, spec: CollectorSpec, plugin: EnvPlugin) -> VecEnvBatch:
+        env = spec.env
+        ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=env.seed)
         if spec.eval_flag:
-            # Eval tasks measure fresh episodes on their own envs; check the env now all the same
-            # (known id, flat Box observations, Discrete actions), so a bad one is refused at start.
-            make_env(spec.env.id).close()
-            return None
+            return VecEnvBatch(plugin, ctx)
         envs = self._envs
-        if envs is not None and (envs.env_id != spec.env.id or len(envs) != spec.env.env_num):
+        if envs is not None and (envs.ctx != ctx or envs.plugin is not plugin):
             envs.close()
-            envs = None
+            envs = self._envs = None
         if envs is None:
-            envs = VecEnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
+            envs = VecEnvBatch(plugin, ctx)
         self._envs = envs
         return envs
 

@@ -57,6 +57,14 @@ class CoordinatorBus(Protocol):
         """
         ...
 
+    def broadcast(self, body: dict[str, Any], *, timeout_s: float) -> str:
+        """Send a request to every collector (their roster exchange); returns the id for :meth:`gathered`."""
+        ...
+
+    def gathered(self, correlation_id: str, *, done: bool = False) -> list[dict[str, Any]]:
+        """Results of the replies to a :meth:`broadcast` that arrived since the last look; never blocks."""
+        ...
+
     def poll(self, correlation_id: str) -> dict[str, Any] | None:
         """The reply's result if it arrived, else ``None``; never blocks.
 
@@ -143,6 +151,12 @@ class BrokerBus:
 
     def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
         return self.client.send(queue, body, timeout_s=timeout_s, durable=durable)
+
+    def broadcast(self, body: dict[str, Any], *, timeout_s: float) -> str:
+        return self.client.broadcast(self.link.names.collector_roster, body, timeout_s=timeout_s)
+
+    def gathered(self, correlation_id: str, *, done: bool = False) -> list[dict[str, Any]]:
+        return self.client.gathered(correlation_id, done=done)
 
     def poll(self, correlation_id: str) -> dict[str, Any] | None:
         return self.client.poll(correlation_id)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from messaging import BrokerConnectionError, MessagingError, MetadataItem, PublishRejected, QueueNotFound, RemoteError
 from worker.coordinator.bus import CoordinatorBus
@@ -41,8 +42,8 @@ REJECTED_START_RETRY_S = 2.0
 
 Completed = Callable[[Task, FinishInfo | None], None]
 """Called once per finished task with its close reply (``None`` when the worker never gave one)."""
-Refused = Callable[[Task, Refusal | None, str], None]
-"""Called when a worker refuses a start request: the refusal's code (if known) and its message."""
+Refused = Callable[[Task, Refusal | None, str, Mapping[str, Any]], None]
+"""Called when a worker refuses a start request: the refusal's code (if known), its message and detail."""
 
 
 class TaskDriver:
@@ -91,11 +92,11 @@ class TaskDriver:
 
     # -- starting -------------------------------------------------------------------
 
-    def launch(self, kind: Kind, cfg: CollectorSpec) -> Task:
-        """Send a start request for a new task."""
+    def launch(self, kind: Kind, cfg: CollectorSpec, *, target: str | None = None) -> Task:
+        """Send a start request for a new task: to the shared task queue, or to one worker's control queue."""
         self.seq += 1
         task_id = f"{kind.value}-{self.seq:06d}-{int(time.time()) % 100000:05d}"
-        task = Task(task_id, kind, StartTask(task_id, self.buffer_id, cfg))
+        task = Task(task_id, kind, StartTask(task_id, self.buffer_id, cfg), target=target)
         self.tasks[task_id] = task
         self._send_start(task)
         return task
@@ -104,9 +105,16 @@ class TaskDriver:
         assert task.start is not None
         timeout = self.timeouts.start_s
         task.state = State.STARTING
+        queue = task.target or self.task_queue
         try:
             # Durable: a start request waiting in the task queue survives a broker restart.
-            task.correlation_id = self.bus.send(self.task_queue, task.start.to_wire(), timeout_s=timeout, durable=True)
+            task.correlation_id = self.bus.send(queue, task.start.to_wire(), timeout_s=timeout, durable=True)
+        except QueueNotFound:
+            # The chosen worker is gone: forget the task, its slot is filled again elsewhere.
+            logger.warning("task %s: worker queue %s is gone; starting it elsewhere", task.task_id, queue)
+            task.correlation_id = None
+            self.drop(task, rerun=False)
+            return
         except PublishRejected as exc:
             # Nacked even after the link's own resends (a quorum task queue between leaders,
             # RabbitMQ 3.10's stuck channels): the task keeps its slot and is sent again later.
@@ -176,7 +184,7 @@ class TaskDriver:
         except RemoteError as exc:
             refusal = Refusal.of(exc.result)
             self.drop(task, rerun=refusal is Refusal.WORKER_BUSY)
-            self.on_refused(task, refusal, exc.message)
+            self.on_refused(task, refusal, exc.message, exc.result)
             return
         if result is None:
             if time.monotonic() > task.deadline:

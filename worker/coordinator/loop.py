@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from messaging import BrokerConnectionError, MessagingError, Names
@@ -22,6 +23,7 @@ from worker.coordinator.bus import BrokerBus, CoordinatorBus
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
 from worker.coordinator.driver import TaskDriver
 from worker.coordinator.progress import Progress, RunLog
+from worker.coordinator.roster import Requirement, Roster
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.protocol import FinishInfo, Refusal
@@ -74,6 +76,7 @@ class Coordinator:
             on_dropped=self._dropped,
             on_refused=self._refused,
         )
+        self.roster = Roster(self.bus, job_requirements(self.job))
         self.reason = "running"
         self.success = False
         self.error: str | None = None
@@ -85,6 +88,7 @@ class Coordinator:
         self._refusals = 0
         self._last_checkpoint = 0.0
         self._checkpoint_due = False
+        self._nobody_since: float | None = None
         self.shutdown_s = SHUTDOWN_S
         """How long running tasks get to close when the run ends."""
 
@@ -114,6 +118,7 @@ class Coordinator:
     def turn(self) -> None:
         """One loop turn: fill slots, let the broker work, move every task on, check workers."""
         try:
+            self.roster.refresh()
             self._fill()
             self.bus.wait(TURN_S)
             self.driver.advance_all()
@@ -140,6 +145,7 @@ class Coordinator:
         coord = self.job.coordinator
         if self.success:
             return True
+        self._check_someone_can()
         if self.stop.is_set():
             self.reason = self.error or "stopped by signal"
         elif self.stats.env_steps >= coord.max_env_steps:
@@ -149,6 +155,17 @@ class Coordinator:
         else:
             return False
         return True
+
+    def _check_someone_can(self) -> None:
+        """End the run when, for ``start_timeout_s``, every worker heard of lacks a plug-in the job needs."""
+        nobody = self.roster.nobody_can()
+        if nobody is None:
+            self._nobody_since = None
+            return
+        if self._nobody_since is None:
+            self._nobody_since = time.monotonic()
+        elif time.monotonic() - self._nobody_since > self.job.coordinator.start_timeout_s:
+            self.abort(f"no worker listening can run this job: {nobody}")
 
     def summary(self) -> dict[str, Any]:
         """The run's outcome and counters (printed, written to ``summary.json`` and the run log)."""
@@ -170,7 +187,7 @@ class Coordinator:
             "evals": stats.evals,
             "policy_iter": stats.policy_iter,
             "replay_ratio": round(stats.replay_ratio(), 4),
-            "replay_ratio_configured": self.job.learner.train_steps_per_sample,
+            "replay_ratio_configured": self.job.bound.replay_ratio,
             "workers_seen": sorted(stats.workers),
         }
 
@@ -188,16 +205,33 @@ class Coordinator:
             if run_ahead + n_sample > self.job.coordinator.max_run_ahead_samples:
                 held = True  # the rate limit: the learner is behind
                 break
-            eps = self.job.learner.epsilon(self.stats.env_steps)
-            self.driver.launch(Kind.COLLECT, self.job.collect_spec(eps))
+            if not self._launch(Kind.COLLECT):
+                break
             self._idle_workers = max(0, self._idle_workers - 1)  # claimed until the next count
             run_ahead += n_sample
             collecting += 1
         self.stats.held_back = held
         now = time.monotonic()
-        if now >= self._next_eval and not any(t.kind is Kind.EVAL for t in self.driver.tasks.values()):
-            self.driver.launch(Kind.EVAL, self.job.eval_spec())
+        due = now >= self._next_eval and not any(t.kind is Kind.EVAL for t in self.driver.tasks.values())
+        if due and self._launch(Kind.EVAL):
             self._next_eval = now + self.job.coordinator.eval_interval_s
+
+    def _launch(self, kind: Kind) -> bool:
+        """Start one task: on the shared queue, or, where some worker cannot run the job, on one that can.
+
+        Returns:
+            False when no worker that can run the job is free (nothing was sent).
+        """
+        worker = None
+        if self.roster.mixed:
+            taken = {t.worker_id or t.target_worker for t in self.driver.tasks.values()}
+            worker = self.roster.pick({w for w in taken if w is not None})
+            if worker is None:
+                return False
+        cfg = self.job.collect_spec(self.stats.env_steps) if kind is Kind.COLLECT else self.job.eval_spec()
+        task = self.driver.launch(kind, cfg, target=worker.control_queue if worker is not None else None)
+        task.target_worker = worker.worker_id if worker is not None else None
+        return True
 
     def _collect_slots(self, collecting: int) -> int:
         """How many more collect tasks could run: up to the configured number, or (auto) one per worker.
@@ -208,9 +242,15 @@ class Coordinator:
         fixed = self.job.coordinator.collect_tasks
         if fixed > 0:
             return max(0, fixed - collecting)
+        if self.roster.mixed:
+            # Workers that cannot run the job consume the shared queue too: count the ones that can.
+            return max(0, len(self.roster.capable()) - len(self.driver.tasks) + self._evals_running())
         starting = sum(1 for t in self.driver.tasks.values() if t.state is State.STARTING)
         spare = max(0, self._idle_workers - starting)
         return max(1, collecting + spare) - collecting
+
+    def _evals_running(self) -> int:
+        return sum(1 for t in self.driver.tasks.values() if t.kind is Kind.EVAL)
 
     def _run_ahead(self) -> int:
         """Samples collected or promised that the learner has not taken in: the rate limiter's measure.
@@ -231,8 +271,14 @@ class Coordinator:
         if rerun and task.kind is Kind.EVAL:
             self._next_eval = time.monotonic()  # the next fill starts a new one
 
-    def _refused(self, task: Task, refusal: Refusal | None, message: str) -> None:
+    def _refused(self, task: Task, refusal: Refusal | None, message: str, detail: Mapping[str, Any]) -> None:
         """A worker refused a start: the end of the run if no worker can ever accept it, else a pause."""
+        if refusal is not None and refusal.worker_specific:
+            # That worker lacks a plug-in: it gets none of the job's tasks from now on.
+            worker_id = detail.get("worker_id")
+            self.roster.mark(str(worker_id), message)
+            self.roster.soon()
+            return
         if refusal is not None and refusal.permanent:
             logger.error("the job's %s tasks are refused (%s): %s", task.kind, refusal, message)
             self.abort(f"{task.kind} tasks refused by the workers ({refusal}): {message}")
@@ -333,3 +379,14 @@ class Coordinator:
         self.run_log.write("summary", summary)
         self.run_log.close()
         self.bus.close()
+
+
+def job_requirements(job: Any) -> tuple[Requirement, ...]:
+    """The plug-ins every task of ``job`` names (a worker lacking one cannot run it)."""
+    needs = [
+        Requirement("algorithm", job.algorithm.name, job.algorithm.version),
+        Requirement("model", job.model.name, job.model.version),
+    ]
+    if job.env.plugin is not None:
+        needs.append(Requirement("env", job.env.plugin, job.env.plugin_version))
+    return tuple(needs)

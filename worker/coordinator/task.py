@@ -50,6 +50,10 @@ class Task:
     start: StartTask | None
     """The start request (``None`` for a task adopted from an earlier coordinator's checkpoint)."""
     state: State = State.STARTING
+    target: str | None = None
+    """The worker the start request goes to (its control queue), or None for the shared task queue."""
+    target_worker: str | None = None
+    """The id of that worker."""
     correlation_id: str | None = None
     """The request in flight: the start request while starting, the close request while closing."""
     deadline: float = 0.0

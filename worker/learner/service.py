@@ -1,15 +1,19 @@
-"""The learner: data metadata in, step files read, DQN trained, policy files out.
+"""The learner: data metadata in, step files read, the job's algorithm trained, policy files out.
 
 The coordinator forwards every data metadata of the run to ``<prefix>.learner.<buffer_id>``.
 The learner reads each named step file from the shared volume (bounded wait, clear error
-for a missing or corrupt file), adds its samples to a replay buffer, acks the message,
-and deletes the file it no longer needs. Between messages it trains at the configured
-replay ratio, and publishes ``{model, iter}`` to the policy file atomically, under the
-same lock the collectors read with, at most every ``policy_write_interval_s``.
+for a missing or corrupt file), checks it against the job's spaces, drops it if the
+policy that made it is older than the algorithm allows (counted), hands it to the
+algorithm's :class:`~worker.plugins.Learner`, acks the message, and deletes the file.
+Between messages it runs updates while the algorithm can (an off-policy one at its
+replay ratio, an on-policy one once it has a batch), and publishes the actor's weights
+to the policy file (safetensors, tagged with the policy version, the plug-ins and the
+spaces digest) at most every ``policy_write_interval_s``, under the lock collectors read
+with. A full checkpoint (targets, optimizer) goes next to it every
+``checkpoint_interval_s`` and at exit; a restarted learner resumes from it.
 
-The train step is the job's bottleneck (collection is paced to the replay ratio), so it
-runs :class:`worker.rl.fast_dqn.NumpyDQNLearner`, the numpy twin of the torch reference
-``DQNLearner``, on numpy batches from :meth:`ReplayBuffer.sample_arrays`.
+An update whose metrics are NaN or infinite stops the learner before anything of it is
+written: the last good policy stays on the volume, and the run ends with the reason.
 """
 
 from __future__ import annotations
@@ -17,21 +21,17 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from dataclasses import dataclass, field
 
 from messaging import BrokerConnectionError, BrokerLink, MetadataConsumer, MetadataItem, Names
 from worker.config import LearnerConfig
-from worker.errors import MissingFile, StorageError, TaskError
+from worker.errors import CorruptFile, MissingFile, StorageError, TaskError, WarrenError
+from worker.lifecycle import limit_torch_threads
 from worker.protocol import DataItem, read_metadata
-from worker.rl.dqn import ReplayBuffer
-from worker.rl.envs import make_env
-from worker.rl.fast_dqn import NumpyDQNLearner
-from worker.rl.policy import limit_torch_threads
+from worker.rl.chunks import ChunkLayout, read_chunk
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,14 @@ _MAX_BATCH = 64
 _PREFETCH = 1
 #: data_ids remembered to skip redeliveries of data already learned from.
 _RECENT_IDS = 100_000
+#: Updates run back to back before the queue is looked at again.
+_BURST = 32
+#: Suffix of the learner's full checkpoint next to the policy file.
+CHECKPOINT_SUFFIX = ".ckpt"
+
+
+class LearningDiverged(WarrenError):
+    """An update produced NaN or infinite metrics; nothing of it was written."""
 
 
 @dataclass
@@ -53,13 +61,15 @@ class LearnerStats:
     missing_files: int = 0
     duplicates: int = 0
     corrupt_files: int = 0
+    stale_chunks: int = 0
+    """Chunks dropped because their policy was older than the algorithm's ``max_policy_lag``."""
     train_steps: int = 0
     policies_written: int = 0
-    last_loss: float = 0.0
+    last_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Learner:
-    """The DQN learner loop; see the module docstring."""
+    """The learner loop; see the module docstring."""
 
     def __init__(self, config: LearnerConfig, stop: threading.Event | None = None) -> None:
         self.config = config
@@ -68,20 +78,33 @@ class Learner:
         self.names = Names.of(config.transport)
         self.steps = StepStore(config.path_data)
         self.policies = PolicyStore(config.path_policy)
-        obs_dim, n_actions = _env_dims(self.job.env.id)
-        spec = self.job.learner
-        self.buffer = ReplayBuffer(spec.replay_capacity, obs_dim, n_actions=n_actions)
-        self.learner = NumpyDQNLearner(spec, obs_dim, n_actions, seed=self.job.env.seed)
-        self.rng = np.random.default_rng(self.job.env.seed)
+        limit_torch_threads(config.torch_threads)
+        self.algorithm = self.job.bound
+        assert self.job.spaces is not None
+        self.spaces = self.job.spaces
+        self.layout = ChunkLayout.of(self.spaces, self.algorithm.columns())
+        self.learner = self.algorithm.make_learner(self.job.env.seed)
         self.stats = LearnerStats()
-        self._train_credit = 0.0
+        #: The header of every policy file: what collectors check before they load it.
+        self.header = {
+            "algorithm": self.job.algorithm.name,
+            "algorithm_version": self.job.algorithm.version or "",
+            "model": self.job.model.name or "",
+            "model_version": self.job.model.version or "",
+            "spaces_digest": self.spaces.digest,
+        }
         self._recent: set[str] = set()
         self._recent_order: collections.deque[str] = collections.deque()
         self._last_write = 0.0
+        self._last_checkpoint = time.monotonic()
+        self._written_version = 0
 
     def run(self) -> None:
-        """Serve until ``stop`` is set."""
-        limit_torch_threads(self.config.torch_threads)
+        """Serve until ``stop`` is set.
+
+        Raises:
+            LearningDiverged: an update went NaN (the policy file keeps the last good weights).
+        """
         queue_decl = self.names.learner_data_decl(self.job.coordinator.buffer_id)
         with BrokerLink(self.config.transport, "learner") as link:
             link.declare(queue_decl)
@@ -90,61 +113,85 @@ class Learner:
                 logger.info("removed %d temp files that crashed writers left behind", swept)
             self._resume_or_start()
             consumer = MetadataConsumer(link, queue_decl.name, prefetch=_PREFETCH)
-            logger.info("learning from %s, writing %s", queue_decl.name, self.policies.path(self._policy_name))
+            logger.info(
+                "learning %s (%s model) on %s from %s, writing %s",
+                self.job.algorithm.name,
+                self.job.model.name,
+                self.spaces.describe(),
+                queue_decl.name,
+                self.policies.path(self._policy_name),
+            )
             last_report = time.monotonic()
-            while not self.stop.is_set():
-                try:
-                    if self._can_train():
-                        link.process_events(0.0)  # heartbeats; the data waits until training caught up
-                    else:
-                        self._take(consumer, 0.2)
-                except BrokerConnectionError as exc:
-                    # The link reconnects by itself on its next use; keep training meanwhile.
-                    logger.error("broker unavailable: %s", exc.message)
-                    self.stop.wait(0.0 if self._can_train() else 1.0)
-                self._train_some()
-                if time.monotonic() - last_report > 10.0:
-                    last_report = time.monotonic()
-                    self._report()
-            self._write_policy()
-            with contextlib.suppress(BrokerConnectionError):
-                consumer.close()
-        logger.info("learner stopped after %d train steps", self.stats.train_steps)
-
-    def _resume_or_start(self) -> None:
-        """Continue from the policy file of an earlier learner of this run, if there is one.
-
-        The replay buffer starts empty either way; the weights and the iteration count carry
-        over, so a restarted learner does not hand collectors an untrained policy.
-        """
-        try:
-            snapshot = self.policies.read(self._policy_name)
-        except StorageError as exc:
-            logger.warning("cannot resume from the policy file (%s); starting fresh", exc.message)
-            snapshot = None
-        if snapshot is not None:
             try:
-                self.learner.load_policy(snapshot.state_dict, snapshot.iter)
-                logger.info("resumed from policy iter %d", snapshot.iter)
-                return
-            except ValueError as exc:
-                logger.warning("policy file does not fit this network (%s); starting fresh", exc)
-        self._write_policy()  # iteration 0, so collectors can start before any training
+                while not self.stop.is_set():
+                    try:
+                        if self.learner.can_update():
+                            link.process_events(0.0)  # heartbeats; the data waits until training caught up
+                        else:
+                            self._take(consumer, 0.2)
+                    except BrokerConnectionError as exc:
+                        # The link reconnects by itself on its next use; keep training meanwhile.
+                        logger.error("broker unavailable: %s", exc.message)
+                        self.stop.wait(0.0 if self.learner.can_update() else 1.0)
+                    self._train_some()
+                    if time.monotonic() - last_report > 10.0:
+                        last_report = time.monotonic()
+                        self._report()
+                self._write_policy()
+                self._write_checkpoint()
+            finally:
+                with contextlib.suppress(BrokerConnectionError):
+                    consumer.close()
+        logger.info("learner stopped after %d updates", self.stats.train_steps)
 
     @property
     def _policy_name(self) -> str:
         return self.job.coordinator.policy_name
 
+    @property
+    def _checkpoint_name(self) -> str:
+        return self._policy_name + CHECKPOINT_SUFFIX
+
+    def _resume_or_start(self) -> None:
+        """Continue from the checkpoint of an earlier learner of this run, if there is one.
+
+        The replay buffer starts empty either way; the weights, targets, optimizer state
+        and the policy version carry over, so a restarted learner does not hand collectors
+        an untrained policy.
+        """
+        try:
+            snapshot = self.policies.read(self._checkpoint_name)
+        except StorageError as exc:
+            logger.warning("cannot resume from the checkpoint (%s); starting fresh", exc.message)
+            snapshot = None
+        if snapshot is not None:
+            digest = snapshot.meta.get("spaces_digest")
+            algorithm = snapshot.meta.get("algorithm")
+            if digest != self.spaces.digest or algorithm != self.job.algorithm.name:
+                logger.warning(
+                    "the checkpoint is of algorithm %r on spaces %s, this job runs %r on %s; starting fresh",
+                    algorithm,
+                    digest,
+                    self.job.algorithm.name,
+                    self.spaces.digest,
+                )
+            else:
+                try:
+                    self.learner.load_state_dict(snapshot.state_dict, snapshot.iter)
+                    logger.info("resumed from the checkpoint at policy version %d", snapshot.iter)
+                except ValueError as exc:
+                    logger.warning("the checkpoint does not fit this learner (%s); starting fresh", exc)
+        self._write_policy()  # so collectors can start before any training
+
     def _take(self, consumer: MetadataConsumer, wait_s: float) -> None:
-        """Take data until there is training to do: the replay ratio is kept by never
-        ingesting more than the learner has trained on (credit below one step)."""
+        """Take data until there is training to do: the learner says when it has enough."""
         for _ in range(_MAX_BATCH):
             item = consumer.get(wait_s)
             if item is None:
                 return
             wait_s = 0.0
             self._ingest(item)
-            if self._can_train():
+            if not self.learner.wants_data():
                 return
 
     def _ingest(self, item: MetadataItem) -> None:
@@ -162,12 +209,21 @@ class Learner:
             self.stats.duplicates += 1
             item.ack()
             return
+        lag = self.learner.version - metadata.policy_iter
+        max_lag = self.algorithm.max_policy_lag
+        if max_lag is not None and lag > max_lag:
+            self.stats.stale_chunks += 1
+            logger.debug("dropping %s: its policy is %d versions old (at most %d)", data_id, lag, max_lag)
+            item.ack()
+            self._delete(data_id)
+            return
         # A redelivered message may name a file this learner already consumed and deleted
         # before its ack was lost: do not wait for it to appear.
-        wait_s = 0.0 if item.redelivered else self.job.learner_process.read_wait_s
+        wait_s = 0.0 if item.redelivered else self.job.learner.read_wait_s
         try:
-            chunk = self.steps.read(data_id, wait_s=wait_s)
-            added = self.buffer.add(chunk.fields)
+            stored = self.steps.read(data_id, wait_s=wait_s)
+            chunk = read_chunk(stored.fields, self.layout, self.spaces, metadata.policy_iter)
+            added = self.learner.add(chunk)
         except StorageError as exc:
             # Missing: already consumed (a duplicate delivery) or never written; corrupt: unusable.
             # Either way retrying cannot help, so the message is settled, and counted.
@@ -177,14 +233,19 @@ class Learner:
                 self.stats.corrupt_files += 1
             logger.warning("skipping %s: %s", data_id, exc.message)
             item.ack()
+            if isinstance(exc, CorruptFile):
+                self._delete(data_id)
             return
         self._remember(data_id)
         self.stats.items += 1
         self.stats.samples += added
-        self._train_credit += added * self.job.learner.train_steps_per_sample
         item.ack()
-        if self.job.learner_process.delete_consumed:
-            self.steps.delete(data_id)
+        self._delete(data_id)
+
+    def _delete(self, data_id: str) -> None:
+        if self.job.learner.delete_consumed:
+            with contextlib.suppress(StorageError):
+                self.steps.delete(data_id)
 
     def _remember(self, data_id: str) -> None:
         self._recent.add(data_id)
@@ -192,49 +253,52 @@ class Learner:
         if len(self._recent_order) > _RECENT_IDS:
             self._recent.discard(self._recent_order.popleft())
 
-    def _can_train(self) -> bool:
-        return len(self.buffer) >= self.job.learner.learning_starts and self._train_credit >= 1.0
-
     def _train_some(self) -> None:
         # Train in short bursts so new data keeps flowing in between.
         burst = 0
-        while self._can_train() and burst < 32 and not self.stop.is_set():
-            batch = self.buffer.sample_arrays(self.job.learner.batch_size, self.rng)
-            metrics = self.learner.train_step(batch)
-            self.stats.last_loss = metrics["loss"]
+        while burst < _BURST and not self.stop.is_set() and self.learner.can_update():
+            metrics = self.learner.update()
+            bad = sorted(name for name, value in metrics.items() if not math.isfinite(value))
+            if bad:
+                raise LearningDiverged(
+                    f"update {self.learner.version} of {self.job.algorithm.name} gave non-finite {', '.join(bad)}: "
+                    f"the run stops; {self._policy_name} keeps the weights of version {self._written_version}"
+                )
+            self.stats.last_metrics = metrics
             self.stats.train_steps += 1
-            self._train_credit -= 1.0
             burst += 1
-        if time.monotonic() - self._last_write >= self.job.learner_process.policy_write_interval_s and burst:
+        now = time.monotonic()
+        if burst and now - self._last_write >= self.job.learner.policy_write_interval_s:
             self._write_policy()
+        if burst and now - self._last_checkpoint >= self.job.learner.checkpoint_interval_s:
+            self._write_checkpoint()
 
     def _write_policy(self) -> None:
-        self.policies.write(self._policy_name, self.learner.policy_state(), self.learner.iter)
+        version = self.learner.version
+        self.policies.write(self._policy_name, self.learner.actor_weights(), version, self.header)
+        self._written_version = version
         self.stats.policies_written += 1
         self._last_write = time.monotonic()
 
+    def _write_checkpoint(self) -> None:
+        self.policies.write(self._checkpoint_name, self.learner.state_dict(), self.learner.version, self.header)
+        self._last_checkpoint = time.monotonic()
+
     def _report(self) -> None:
         s = self.stats
+        ratio = self.algorithm.replay_ratio
+        metrics = " ".join(f"{k} {v:.4g}" for k, v in sorted(s.last_metrics.items()))
         logger.info(
-            "iter %d | buffer %d | samples %d from %d files | replay ratio %.3f (configured %.3f) | loss %.4f"
-            " | skipped %d missing, %d corrupt",
-            self.learner.iter,
-            len(self.buffer),
+            "version %d | samples %d from %d files | updates %d%s | %s | skipped %d missing, %d corrupt, %d stale",
+            self.learner.version,
             s.samples,
             s.items,
-            s.train_steps / s.samples if s.samples else 0.0,
-            self.job.learner.train_steps_per_sample,
-            s.last_loss,
+            s.train_steps,
+            f" | replay ratio {s.train_steps / s.samples if s.samples else 0.0:.3f} (configured {ratio:.3f})"
+            if ratio is not None
+            else "",
+            metrics or "no update yet",
             s.missing_files,
             s.corrupt_files,
+            s.stale_chunks,
         )
-
-
-def _env_dims(env_id: str) -> tuple[int, int]:
-    env = make_env(env_id)
-    try:
-        obs_space: Any = env.observation_space
-        act_space: Any = env.action_space
-        return int(np.prod(obs_space.shape)), int(act_space.n)
-    finally:
-        env.close()

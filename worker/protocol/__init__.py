@@ -10,15 +10,7 @@ one and raises a :class:`~worker.errors.TaskError` carrying a :class:`Refusal` c
 
 from __future__ import annotations
 
-from worker.protocol.collector_cfg import (
-    DEFAULT_HIDDEN_SIZES,
-    MAX_ENV_NUM,
-    POLICY_TYPES,
-    CollectorSpec,
-    EnvSpec,
-    PolicySpec,
-    PolicyType,
-)
+from worker.protocol.collector_cfg import MAX_ENV_NUM, CollectorSpec, EnvSpec, PolicySpec
 from worker.protocol.finish import FinishInfo
 from worker.protocol.metadata import DataItem, InfoItem, check_metadata, checked_count, read_metadata
 from worker.protocol.tasks import (
@@ -36,10 +28,8 @@ from worker.protocol.tasks import (
 )
 
 __all__ = [
-    "DEFAULT_HIDDEN_SIZES",
     "ID_PATTERN",
     "MAX_ENV_NUM",
-    "POLICY_TYPES",
     "STARTED",
     "CollectorSpec",
     "DataItem",
@@ -47,7 +37,6 @@ __all__ = [
     "FinishInfo",
     "InfoItem",
     "PolicySpec",
-    "PolicyType",
     "Refusal",
     "ResourceReply",
     "StartReply",

@@ -70,3 +70,53 @@ def required(cfg: Mapping[str, Any], name: str, prefix: str) -> Any:
     if name not in cfg:
         raise TaskError(f"{prefix}.{name} is missing")
     return cfg[name]
+
+
+#: How deep and how big a plain-data map from the wire may be (plug-in configs, env kwargs).
+_PLAIN_MAX_DEPTH: Final = 4
+_PLAIN_MAX_ITEMS: Final = 256
+
+
+def check_plain(value: Any, key: str, depth: int = 0) -> Any:
+    """Plain data only (str keys; str, int, float, bool, None, lists and maps of those), bounded.
+
+    Plug-in configs and env keyword arguments travel as such maps: the plug-in's own
+    config class then checks the keys and values it knows.
+    """
+    if depth > _PLAIN_MAX_DEPTH:
+        raise TaskError(f"{key} is nested more than {_PLAIN_MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, bool | str):
+        return value
+    if is_int(value):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        if not math.isfinite(float(value)):
+            raise TaskError(f"{key} must be finite, got {short_repr(value)}")
+        return float(value)
+    if isinstance(value, list | tuple):
+        if len(value) > _PLAIN_MAX_ITEMS:
+            raise TaskError(f"{key} has more than {_PLAIN_MAX_ITEMS} items")
+        return [check_plain(v, f"{key}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        if len(value) > _PLAIN_MAX_ITEMS:
+            raise TaskError(f"{key} has more than {_PLAIN_MAX_ITEMS} keys")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TaskError(f"{key} keys must be strings, got {short_repr(k)}")
+            out[k] = check_plain(v, f"{key}.{k}", depth + 1)
+        return out
+    raise TaskError(f"{key} must be plain data, got {type(value).__name__}")
+
+
+def check_settings(value: Any, key: str) -> dict[str, float]:
+    """``collect_setting``: a map of names to finite numbers (an exploration rate...)."""
+    cfg = mapping(value, key)
+    if len(cfg) > 64:
+        raise TaskError(f"{key} has more than 64 entries")
+    out: dict[str, float] = {}
+    for name, number in cfg.items():
+        if not isinstance(name, str):
+            raise TaskError(f"{key} keys must be strings, got {short_repr(name)}")
+        out[name] = check_float(number, f"{key}.{name}", -1e12, 1e12)
+    return out

@@ -5,73 +5,144 @@ range-checked once, here, and any problem becomes a :class:`~worker.errors.TaskE
 whose message names the offending key. Validation lives in ``__post_init__`` so specs
 built in code (the coordinator's job config, tests) obey the same rules as specs parsed
 from the wire.
+
+A task names its env, algorithm and model by plug-in name (and version), with their
+settings as plain data; never a module to import. Whether the worker has those plug-ins,
+and whether they accept the settings, is the worker's to check (``missing plugin``,
+``bad collector_cfg``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-from worker.errors import TaskError, short_repr
+from worker.errors import TaskError
+from worker.plugins.spaces import Spaces
 from worker.protocol.checks import (
     MAX_COUNT,
     check_bool,
     check_float,
     check_int,
-    check_sizes,
+    check_plain,
+    check_settings,
     check_str,
     mapping,
     required,
 )
 
-PolicyType = Literal["dqn", "random"]
-
-#: Policy types a collector can run.
-POLICY_TYPES: Final[tuple[PolicyType, ...]] = ("dqn", "random")
-#: Q-network hidden layer widths shared by collectors and the learner; the two must
-#: agree or the learner's state_dict cannot be loaded by the collectors.
-DEFAULT_HIDDEN_SIZES: Final = (128, 128)
 #: More envs than this in one task would starve the other processes on a worker host.
 MAX_ENV_NUM: Final = 256
 _MAX_SEED: Final = 2**32 - 1
+_MAX_NAME: Final = 100
+
+
+def _optional_str(value: Any, key: str) -> str | None:
+    return None if value is None else check_str(value, key, max_len=_MAX_NAME)
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """Which gymnasium env to run and how many copies to step together."""
+    """Which env to run and how many copies to step together."""
 
     id: str
-    """Registered gymnasium id, e.g. ``CartPole-v1``; checked against the registry by the env batch."""
+    """The env: a gymnasium id (``CartPole-v1``), or, with ``plugin``, an id that plug-in knows."""
     env_num: int
     """Number of envs stepped together with one batched policy forward pass."""
     seed: int | None = None
     """Env ``i`` is reset with ``seed + i`` on its first episode; ``None`` for fresh entropy.
 
-    The exploration RNG is seeded from it too (see ``EnvBatch.spawn_seed``)."""
+    The exploration RNG is seeded from it too (see ``VecEnvBatch.spawn_seed``)."""
+    plugin: str | None = None
+    """The env plug-in that makes it; ``None``: gymnasium's registry."""
+    plugin_version: str | None = None
+    """The env plug-in's version; a worker that has another refuses the task."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env (plain data), e.g. ``{"continuous": true}``."""
 
     def __post_init__(self) -> None:
-        check_str(self.id, "collector_cfg.env.id", max_len=200)
-        object.__setattr__(self, "env_num", check_int(self.env_num, "collector_cfg.env.env_num", 1, MAX_ENV_NUM))
+        p = "collector_cfg.env"
+        check_str(self.id, f"{p}.id", max_len=200)
+        object.__setattr__(self, "env_num", check_int(self.env_num, f"{p}.env_num", 1, MAX_ENV_NUM))
         if self.seed is not None:
-            object.__setattr__(self, "seed", check_int(self.seed, "collector_cfg.env.seed", 0, _MAX_SEED))
+            object.__setattr__(self, "seed", check_int(self.seed, f"{p}.seed", 0, _MAX_SEED))
+        _optional_str(self.plugin, f"{p}.plugin")
+        _optional_str(self.plugin_version, f"{p}.plugin_version")
+        object.__setattr__(self, "kwargs", check_plain(mapping(self.kwargs, f"{p}.kwargs"), f"{p}.kwargs"))
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"id": self.id, "env_num": self.env_num}
+        for key in ("seed", "plugin", "plugin_version"):
+            if getattr(self, key) is not None:
+                wire[key] = getattr(self, key)
+        if self.kwargs:
+            wire["kwargs"] = dict(self.kwargs)
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> EnvSpec:
+        p = "collector_cfg.env"
+        cfg = mapping(wire, p)
+        return cls(
+            id=required(cfg, "id", p),
+            env_num=required(cfg, "env_num", p),
+            seed=cfg.get("seed"),
+            plugin=cfg.get("plugin"),
+            plugin_version=cfg.get("plugin_version"),
+            kwargs=cfg.get("kwargs", {}),
+        )
 
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """Which policy acts in the envs."""
+    """Which algorithm acts (its actor), on which model, with which settings."""
 
-    type: PolicyType
-    """``dqn`` (epsilon-greedy Q-network, needs a policy file) or ``random`` (uniform actions)."""
-    hidden_sizes: tuple[int, ...] = DEFAULT_HIDDEN_SIZES
-    """Q-network hidden layer widths; must match the learner's."""
+    type: str
+    """The algorithm plug-in: ``dqn``, ``ppo``, ``sac``, ``random``, or an installed one."""
+    version: str | None = None
+    """Its version; a worker that has another refuses the task."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """The algorithm's settings (plain data; the job's ``[algorithm]`` table)."""
+    model: str | None = None
+    """The model plug-in; ``None``: the algorithm's default (``mlp``)."""
+    model_version: str | None = None
+    model_config: Mapping[str, Any] = field(default_factory=dict)
+    """The model's settings (the job's ``[model]`` table), e.g. ``{"hidden_sizes": [128, 128]}``."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.type, str) or self.type not in POLICY_TYPES:
-            raise TaskError(
-                f"collector_cfg.policy.type must be one of {list(POLICY_TYPES)}, got {short_repr(self.type)}"
-            )
-        sizes = check_sizes(self.hidden_sizes, "collector_cfg.policy.hidden_sizes")
-        object.__setattr__(self, "hidden_sizes", sizes)
+        p = "collector_cfg.policy"
+        check_str(self.type, f"{p}.type", max_len=_MAX_NAME)
+        _optional_str(self.version, f"{p}.version")
+        _optional_str(self.model, f"{p}.model")
+        _optional_str(self.model_version, f"{p}.model_version")
+        object.__setattr__(self, "config", check_plain(mapping(self.config, f"{p}.config"), f"{p}.config"))
+        model_config = check_plain(mapping(self.model_config, f"{p}.model_config"), f"{p}.model_config")
+        object.__setattr__(self, "model_config", model_config)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"type": self.type}
+        for key in ("version", "model", "model_version"):
+            if getattr(self, key) is not None:
+                wire[key] = getattr(self, key)
+        if self.config:
+            wire["config"] = dict(self.config)
+        if self.model_config:
+            wire["model_config"] = dict(self.model_config)
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> PolicySpec:
+        p = "collector_cfg.policy"
+        cfg = mapping(wire, p)
+        return cls(
+            type=required(cfg, "type", p),
+            version=cfg.get("version"),
+            config=cfg.get("config", {}),
+            model=cfg.get("model"),
+            model_version=cfg.get("model_version"),
+            model_config=cfg.get("model_config", {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -84,14 +155,17 @@ class CollectorSpec:
 
     env: EnvSpec
     policy: PolicySpec
+    spaces: Spaces | None = None
+    """The job's spaces: the actor is built from them, and the worker's env must have the
+    same (digest). ``None``: taken from the worker's env."""
     n_sample: int | None = None
     """Collect tasks: done once this many train samples (transitions) were produced in total."""
     n_episode: int | None = None
     """Done once every env finished this many episodes (DI-engine's ``env_manager.done``)."""
     traj_len: int = 64
     """Steps per chunk (``T``): one step file and one metadata message per ``traj_len`` steps of all envs."""
-    eps: float | None = None
-    """``collect_setting.eps``: exploration rate of collect tasks; eval tasks act greedily."""
+    collect_setting: Mapping[str, float] = field(default_factory=dict)
+    """What the algorithm tells its actors for this task (DQN: ``eps``); eval tasks act greedily."""
     policy_update_path: str | None = None
     """Relative name of the policy file; path safety is checked by whoever opens it."""
     update_policy_second: float = 3.0
@@ -105,6 +179,8 @@ class CollectorSpec:
         p = "collector_cfg"
         if not isinstance(self.env, EnvSpec) or not isinstance(self.policy, PolicySpec):
             raise TaskError(f"{p}.env and {p}.policy must be EnvSpec and PolicySpec")
+        if self.spaces is not None and not isinstance(self.spaces, Spaces):
+            raise TaskError(f"{p}.spaces must be Spaces")
         if (self.n_sample is None) == (self.n_episode is None):
             raise TaskError(f"exactly one of {p}.n_sample and {p}.n_episode must be given")
         flag = check_bool(self.eval_flag, f"{p}.eval_flag")
@@ -116,32 +192,21 @@ class CollectorSpec:
         if self.n_episode is not None:
             object.__setattr__(self, "n_episode", check_int(self.n_episode, f"{p}.n_episode", 1, 10**6))
         object.__setattr__(self, "traj_len", check_int(self.traj_len, f"{p}.traj_len", 1, 4096))
-        if self.eps is not None:
-            object.__setattr__(self, "eps", check_float(self.eps, f"{p}.collect_setting.eps", 0.0, 1.0))
-        elif self.policy.type == "dqn" and not flag:
-            raise TaskError(f"{p}.collect_setting.eps is missing (required by dqn collect tasks)")
+        object.__setattr__(self, "collect_setting", check_settings(self.collect_setting, f"{p}.collect_setting"))
         if self.policy_update_path is not None:
             check_str(self.policy_update_path, f"{p}.policy_update_path")
-        elif self.policy.type == "dqn":
-            raise TaskError(f"{p}.policy_update_path is missing (required by dqn policies)")
         ups = check_float(self.update_policy_second, f"{p}.update_policy_second", 0.0, 3600.0, lo_open=True)
         object.__setattr__(self, "update_policy_second", ups)
         steps = check_int(self.max_env_steps, f"{p}.max_env_steps", 1, MAX_COUNT)
         object.__setattr__(self, "max_env_steps", steps)
-
-    @property
-    def collect_setting(self) -> dict[str, Any] | None:
-        """DI-engine's ``collect_setting`` dict, or ``None`` for eval tasks."""
-        if self.eval_flag or self.eps is None:
-            return None
-        return {"eps": self.eps}
 
     @classmethod
     def from_wire(cls, cfg: Any) -> CollectorSpec:
         """Validate a ``collector_cfg`` dict from a task message.
 
         Unknown keys are ignored so that coordinators may send DI-engine extras
-        (``type``, ``import_names``, ``exp_name``...).
+        (``type``, ``import_names``, ``exp_name``...): a worker never imports anything a
+        task names.
 
         Raises:
             TaskError: a key is missing, has the wrong type or is out of range; the
@@ -149,28 +214,16 @@ class CollectorSpec:
         """
         p = "collector_cfg"
         cfg = mapping(cfg, p)
-        env_cfg = mapping(required(cfg, "env", p), f"{p}.env")
-        pol_cfg = mapping(required(cfg, "policy", p), f"{p}.policy")
-        env = EnvSpec(
-            id=required(env_cfg, "id", f"{p}.env"),
-            env_num=required(env_cfg, "env_num", f"{p}.env"),
-            seed=env_cfg.get("seed"),
-        )
-        policy = PolicySpec(
-            type=required(pol_cfg, "type", f"{p}.policy"),
-            hidden_sizes=pol_cfg.get("hidden_sizes", DEFAULT_HIDDEN_SIZES),
-        )
         eval_flag = cfg.get("eval_flag", False)
-        eps = None
-        if "collect_setting" in cfg and eval_flag is not True:
-            eps = required(mapping(cfg["collect_setting"], f"{p}.collect_setting"), "eps", f"{p}.collect_setting")
+        spaces = cfg.get("spaces")
         return cls(
-            env=env,
-            policy=policy,
+            env=EnvSpec.from_wire(required(cfg, "env", p)),
+            policy=PolicySpec.from_wire(required(cfg, "policy", p)),
+            spaces=None if spaces is None else Spaces.from_wire(spaces),
             n_sample=cfg.get("n_sample"),
             n_episode=cfg.get("n_episode"),
             traj_len=cfg.get("traj_len", 64),
-            eps=eps,
+            collect_setting={} if eval_flag is True else cfg.get("collect_setting", {}),
             policy_update_path=cfg.get("policy_update_path"),
             update_policy_second=cfg.get("update_policy_second", 3.0),
             eval_flag=eval_flag,
@@ -179,23 +232,22 @@ class CollectorSpec:
 
     def to_wire(self) -> dict[str, Any]:
         """The wire dict of this spec; ``from_wire(spec.to_wire()) == spec``."""
-        env: dict[str, Any] = {"id": self.env.id, "env_num": self.env.env_num}
-        if self.env.seed is not None:
-            env["seed"] = self.env.seed
         wire: dict[str, Any] = {
-            "env": env,
-            "policy": {"type": self.policy.type, "hidden_sizes": list(self.policy.hidden_sizes)},
+            "env": self.env.to_wire(),
+            "policy": self.policy.to_wire(),
             "traj_len": self.traj_len,
             "update_policy_second": self.update_policy_second,
             "eval_flag": self.eval_flag,
             "max_env_steps": self.max_env_steps,
         }
+        if self.spaces is not None:
+            wire["spaces"] = self.spaces.to_wire()
         if self.n_sample is not None:
             wire["n_sample"] = self.n_sample
         if self.n_episode is not None:
             wire["n_episode"] = self.n_episode
-        if self.collect_setting is not None:
-            wire["collect_setting"] = self.collect_setting
+        if self.collect_setting and not self.eval_flag:
+            wire["collect_setting"] = dict(self.collect_setting)
         if self.policy_update_path is not None:
             wire["policy_update_path"] = self.policy_update_path
         return wire

@@ -44,7 +44,10 @@ class Refusal(StrEnum):
     UNKNOWN_ENV = "unknown env"
     """The env id is not in the gymnasium registry, or the env cannot be created."""
     UNSUPPORTED_ENV = "unsupported env"
-    """The env's spaces are not a flat Box of observations and Discrete actions."""
+    """The env's spaces are not ones warren carries, differ from the task's, or the algorithm cannot use them."""
+    MISSING_PLUGIN = "missing plugin"
+    """The worker lacks a plug-in the task names, or has it at another version. Permanent for
+    this worker (``result`` names the plug-in and the worker); another worker may have it."""
     UNSAFE_PATH = "unsafe path"
     WORKER_BUSY = "worker busy"
     WRONG_QUEUE = "wrong queue"
@@ -57,6 +60,11 @@ class Refusal(StrEnum):
     def permanent(self) -> bool:
         """Sending the same task again (to any worker) cannot succeed."""
         return self in _PERMANENT
+
+    @property
+    def worker_specific(self) -> bool:
+        """This worker can never run the task, but another may: send it elsewhere, not here again."""
+        return self is Refusal.MISSING_PLUGIN
 
     def error(self, message: str, **detail: Any) -> TaskError:
         """The :class:`TaskError` a handler raises to refuse a task with this code."""
@@ -190,7 +198,7 @@ class StartReply:
 
 @dataclass(frozen=True)
 class ResourceReply:
-    """Answer to ``resource``: what the worker can use, measured, and whether it is busy."""
+    """Answer to ``resource``: what the worker can use, measured, which plug-ins it has, and whether it is busy."""
 
     gpu: int
     cpu: int
@@ -198,9 +206,12 @@ class ResourceReply:
     control_queue: str
     busy: bool
     task_id: str | None
+    plugins: Mapping[str, Mapping[str, str]] | None = None
+    """``{"envs": {name: version}, "models": {...}, "algorithms": {...}}``: what the worker can run
+    (``None``: a worker that does not say, such as a DI-engine one)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "gpu": self.gpu,
             "cpu": self.cpu,
             "worker_id": self.worker_id,
@@ -208,6 +219,23 @@ class ResourceReply:
             "busy": self.busy,
             "task_id": self.task_id,
         }
+        if self.plugins is not None:
+            wire["plugins"] = {kind: dict(have) for kind, have in self.plugins.items()}
+        return wire
+
+    def lacks(self, kind: str, name: str, version: str | None) -> str | None:
+        """What the worker lacks of that plug-in (``kind``: ``env``, ``model``, ``algorithm``), or None.
+
+        A worker that does not list its plug-ins is taken to have them (it refuses if not).
+        """
+        if self.plugins is None:
+            return None
+        have = self.plugins.get(f"{kind}s", {}).get(name)
+        if have is None:
+            return f"worker {self.worker_id} has no {kind} plug-in {name!r}"
+        if version is not None and have != version:
+            return f"worker {self.worker_id} has {kind} plug-in {name!r} {have}, the job needs {version}"
+        return None
 
     @classmethod
     def from_wire(cls, result: Any) -> ResourceReply:
@@ -222,10 +250,20 @@ class ResourceReply:
                 control_queue=str(result["control_queue"]),
                 busy=bool(result["busy"]),
                 task_id=None if task_id is None else str(task_id),
+                plugins=_plugins(result["plugins"]) if "plugins" in result else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise TaskError(f"malformed resource reply ({exc!r}): {short_repr(dict(result))}") from None
         return reply
+
+
+def _plugins(value: Any) -> dict[str, dict[str, str]]:
+    if not isinstance(value, Mapping):
+        raise TypeError("plugins must be a map")
+    return {
+        str(kind): {str(name): str(version) for name, version in mapping(have, f"plugins.{kind}").items()}
+        for kind, have in value.items()
+    }
 
 
 def simple_task(name: TaskName) -> dict[str, Any]:

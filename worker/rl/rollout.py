@@ -3,7 +3,8 @@
 This is DI-engine's ``ZerglingParallelCollector`` without the transport: where the data
 goes (:class:`SampleSink`) and where the weights come from (:class:`PolicySource`) are
 narrow interfaces in the style of acme's ``Adder`` and ``VariableClient``, so this
-module knows nothing about RabbitMQ or files and runs the same in tests.
+module knows nothing about RabbitMQ or files and runs the same in tests. What acts is
+the algorithm plug-in's :class:`~worker.plugins.Actor`.
 
 Unlike DI-engine, samples travel as columnar chunks (:mod:`worker.rl.chunks`): ``T``
 steps of all ``N`` envs of the batch in one array per field, one chunk per step file
@@ -22,10 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from worker.errors import CollectorError, PolicyUnavailable, StorageError, TaskError, UnsafePath
+from worker.plugins.contract import Actor, Algorithm
 from worker.protocol import CollectorSpec, FinishInfo
-from worker.rl.chunks import ChunkBuffer
+from worker.rl.chunks import ChunkBuffer, ChunkLayout
 from worker.rl.envs import VecEnvBatch, VecStep
-from worker.rl.policy import DQNPolicy, RandomPolicy, limit_torch_threads, make_policy
 from worker.storage.policies import PolicySnapshot
 
 logger = logging.getLogger(__name__)
@@ -76,38 +77,43 @@ class Rollout:
 
     Args:
         spec: the validated task.
+        algorithm: the task's algorithm, bound to its model and the job's spaces.
+        envs: the env batch to step, made for this task or kept alive by the caller across
+            collect tasks, so that episodes continue where the previous task left them
+            instead of restarting (short tasks on fresh envs would only ever see the first
+            steps of each episode). Not closed by the rollout.
         sink: receives chunks and collector infos, a chunk's info after the chunk.
-        policy_source: where ``dqn`` weights come from; unused by ``random`` policies.
-        stop: set it to end :meth:`run` after the current env step (warm shutdown).
-        policy_wait_s: how long to wait for the first policy before giving up.
+        policy_source: where the weights come from; unused by algorithms that learn nothing.
+        stop: set it to end :meth:`run` after the current env step (warm shutdown); the
+            partly filled chunk is shipped first.
+        policy_wait_s: how long to wait for the first usable policy before giving up.
         clock: monotonic seconds; injectable for tests.
-        envs: an env batch kept alive by the caller across collect tasks, so that
-            episodes continue where the previous task left them instead of restarting
-            (short tasks on fresh envs would only ever see the first steps of each
-            episode). Not closed by the rollout. ``None``: a fresh batch per task.
 
     Raises:
-        ValueError: a ``dqn`` task without a policy source, or envs that do not fit the task.
+        ValueError: a learning algorithm without a policy source, or envs that do not fit the task.
     """
 
     def __init__(
         self,
         spec: CollectorSpec,
+        algorithm: Algorithm,
+        envs: VecEnvBatch,
         sink: SampleSink,
         policy_source: PolicySource | None = None,
         *,
         stop: threading.Event,
         policy_wait_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        envs: VecEnvBatch | None = None,
     ) -> None:
-        if spec.policy.type == "dqn" and policy_source is None:
-            raise ValueError("a dqn rollout needs a policy source")
-        if envs is not None and (envs.env_id != spec.env.id or len(envs) != spec.env.env_num):
+        if algorithm.kind != "none" and policy_source is None:
+            raise ValueError(f"a {spec.policy.type} rollout needs a policy source")
+        if envs.env_id != spec.env.id or len(envs) != spec.env.env_num:
             raise ValueError(
                 f"envs are {len(envs)} x {envs.env_id!r}, the task wants {spec.env.env_num} x {spec.env.id!r}"
             )
         self._envs = envs
+        self._algorithm = algorithm
+        self._digest = algorithm.spaces.digest
         self._spec, self._sink, self._source = spec, sink, policy_source
         self._stop, self._policy_wait_s, self._clock = stop, policy_wait_s, clock
         self._episodes_per_env = np.zeros(spec.env.env_num, dtype=np.int64)
@@ -116,6 +122,7 @@ class Rollout:
         self._episodes_unreported = False
         self._policy_iter = 0
         self._policy_error: str | None = None
+        self._refused_stamp: tuple[int, str] | None = None
         self._collector_done = False
         self._started_at: float | None = None
         self._ended_at: float | None = None
@@ -164,25 +171,17 @@ class Rollout:
     def _run(self) -> None:
         spec = self._spec
         envs = self._envs
-        if envs is None:
-            with _failures_as(f"creating env {spec.env.id!r}"):
-                envs = VecEnvBatch(spec.env.id, spec.env.env_num, spec.env.seed)
-        try:
-            policy = make_policy(spec.policy, envs.obs_dim, envs.n_actions, envs.spawn_seed())
-            if isinstance(policy, DQNPolicy):
-                limit_torch_threads(1)
-                snapshot = self._wait_first_policy()
-                if snapshot is None:
-                    return  # stopped while waiting
-                self._load(policy, snapshot)
-            # Eval tasks measure whole episodes, so they always start fresh ones.
-            if envs.needs_reset or spec.eval_flag:
-                with _failures_as(f"resetting env {spec.env.id!r}"):
-                    envs.reset()
-            self._loop(envs, policy)
-        finally:
-            if self._envs is None:
-                envs.close()
+        with _failures_as(f"building the {spec.policy.type} actor"):
+            actor = self._algorithm.make_actor(envs.spawn_seed())
+        if self._algorithm.kind != "none":
+            snapshot = self._wait_first_policy(actor)
+            if snapshot is None:
+                return  # stopped while waiting
+        # Eval tasks measure whole episodes, so they always start fresh ones.
+        if envs.needs_reset or spec.eval_flag:
+            with _failures_as(f"resetting env {spec.env.id!r}"):
+                envs.reset()
+        self._loop(envs, actor)
 
     def _read_policy(self) -> PolicySnapshot | None:
         if self._source is None:
@@ -198,9 +197,9 @@ class Rollout:
                 self._policy_error = exc.message
                 return None
 
-    def _wait_first_policy(self) -> PolicySnapshot | None:
+    def _wait_first_policy(self, actor: Actor) -> PolicySnapshot | None:
         deadline = self._clock() + self._policy_wait_s
-        while (snapshot := self._read_policy()) is None:
+        while (snapshot := self._read_policy()) is None or not self._load(actor, snapshot):
             remaining = deadline - self._clock()
             if remaining <= 0:
                 found = f": {self._policy_error}" if self._policy_error else ""
@@ -211,33 +210,64 @@ class Rollout:
                 return None
         return snapshot
 
-    def _load(self, policy: DQNPolicy, snapshot: PolicySnapshot) -> None:
-        policy.load_state_dict(snapshot.state_dict)
+    def _load(self, actor: Actor, snapshot: PolicySnapshot) -> bool:
+        """Give the actor the snapshot's weights; a file that does not fit is refused and the actor keeps its own.
+
+        Returns:
+            Whether the weights were loaded.
+        """
+        problem = self._mismatch(snapshot)
+        if problem is None:
+            try:
+                with _failures_as("loading the policy weights"):
+                    actor.load_weights(snapshot.state_dict)
+            except CollectorError as exc:
+                problem = exc.message
+        if problem is not None:
+            # Once per file version: the same refused file is read again every period.
+            stamp = (snapshot.iter, problem)
+            if stamp != self._refused_stamp:
+                logger.error("refused policy %s version %d: %s", self._spec.policy_update_path, snapshot.iter, problem)
+                self._refused_stamp = stamp
+            self._policy_error = problem
+            return False
         self._policy_iter = int(snapshot.iter)
+        return True
+
+    def _mismatch(self, snapshot: PolicySnapshot) -> str | None:
+        meta = snapshot.meta
+        algorithm = meta.get("algorithm")
+        if algorithm is not None and algorithm != self._spec.policy.type:
+            return f"it was written by algorithm {algorithm!r}; this task runs {self._spec.policy.type!r}"
+        digest = meta.get("spaces_digest")
+        if digest is not None and digest != self._digest:
+            return f"its spaces digest {digest} is not the task's {self._digest} (another env, or another env version)"
+        return None
 
     # -- the loop --------------------------------------------------------------------
 
-    def _loop(self, envs: VecEnvBatch, policy: DQNPolicy | RandomPolicy) -> None:
+    def _loop(self, envs: VecEnvBatch, actor: Actor) -> None:
         spec = self._spec
-        eps = 0.0 if spec.eval_flag else (spec.eps or 0.0)
+        settings = spec.collect_setting
+        explore = not spec.eval_flag
         # Eval tasks keep the policy they started with (as in DI-engine).
-        reloadable = policy if isinstance(policy, DQNPolicy) and not spec.eval_flag else None
-        chunk = None if spec.eval_flag else ChunkBuffer(spec.traj_len, len(envs), envs.obs_dim)
+        reloadable = actor if self._algorithm.kind != "none" and not spec.eval_flag else None
+        chunk = None if spec.eval_flag else ChunkBuffer(self._layout(), spec.traj_len, len(envs))
         next_reload = self._clock() + spec.update_policy_second
         while not self._stop.is_set():
-            # Policies change only between chunks, so every chunk has one policy_iter.
+            # Policies change only between chunks, so every chunk has one policy version.
             if reloadable is not None and (chunk is None or chunk.filled == 0) and self._clock() >= next_reload:
                 if (snapshot := self._read_policy()) is not None:
                     self._load(reloadable, snapshot)
                 next_reload = self._clock() + spec.update_policy_second
             obs = envs.obs
-            with _failures_as("policy forward pass"):
-                actions = policy.act(obs, eps)
+            with _failures_as("the actor"):
+                actions, extras = actor.act(obs, explore=explore, settings=settings)
             with _failures_as(f"stepping env {spec.env.id!r}"):
                 step = envs.step(actions)
             self._count(step)
             if chunk is not None:
-                chunk.add(obs, actions, step, self._clock())
+                chunk.add(obs, actions, extras, step, self._clock())
             done = self._check_done(chunk)
             if chunk is not None and (done or chunk.full or chunk.age(self._clock()) >= CHUNK_MAX_AGE_S):
                 self._ship(chunk)
@@ -246,6 +276,13 @@ class Rollout:
                 self._report()
             if done:
                 return
+        # Closed or stopped mid-chunk: what was collected so far is shipped, not dropped.
+        if chunk is not None:
+            self._ship(chunk)
+
+    def _layout(self) -> ChunkLayout:
+        with _failures_as(f"laying out the {self._spec.policy.type} chunks"):
+            return ChunkLayout.of(self._algorithm.spaces, self._algorithm.columns())
 
     def _count(self, step: VecStep) -> None:
         """Count one vector step; record the returns of the episodes it ended."""
@@ -287,7 +324,7 @@ class Rollout:
             "priority": 1.0,
             **self._counters(),
         }
-        self._sink.add_chunk(chunk.take(), meta)
+        self._sink.add_chunk(chunk.take(self._envs.obs), meta)
         if self._episodes_unreported:
             self._report()
 

@@ -1,11 +1,16 @@
-"""Policy files: ``{"model": state_dict, "iter": int}`` checkpoints a learner publishes for collectors.
+"""Policy files: the weights a learner publishes for collectors, as safetensors with a small header.
 
-The learner rewrites a policy file every few iterations and collectors re-read it every
-few seconds, so a write goes to a temp file first and only the rename onto the final
+The learner rewrites a policy file every few updates and collectors re-read it every
+second or so, so a write goes to a temp file first and only the rename onto the final
 name happens under a :class:`filelock.FileLock` on ``<name>.lock``; readers take the
-same lock while they read the bytes. Loading is ``torch.load(weights_only=True)`` from
-memory: a file holding anything but tensors and plain containers (such as a pickle
-whose ``__reduce__`` calls ``os.system``) is refused before any of it runs.
+same lock while they read the bytes.
+
+The format is safetensors (``docs/protocol.md`` section 6): a JSON header naming each
+tensor's dtype, shape and offsets, then the raw bytes, and a ``__metadata__`` map of
+strings: ``warren.format``, ``policy_version`` and what the writer adds (the algorithm
+and model with their versions, the digest of the spaces). Reading one parses JSON and
+copies bytes; nothing in it can run code, unlike a pickle. A file holding NaN or
+infinite weights is refused as corrupt: a collector keeps the policy it has.
 
 torch is imported inside the functions that need it: it costs seconds to import and
 processes that only move step data never pay for it.
@@ -13,13 +18,13 @@ processes that only move step data never pay for it.
 
 from __future__ import annotations
 
-import io
-import pickle
+import json
+import struct
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from filelock import FileLock, Timeout
 
@@ -46,14 +51,21 @@ DEFAULT_MAX_POLICY_BYTES: Final = 1024 * 1024 * 1024
 LOCK_SUFFIX: Final = ".lock"
 #: Longest piece of a loader's error message quoted in a CorruptFile.
 _MAX_REASON_CHARS: Final = 200
+#: ``warren.format`` of the policy files this version writes and reads.
+POLICY_FORMAT: Final = "1"
+#: Longest safetensors header accepted (names, shapes and metadata of every tensor).
+_MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PolicySnapshot:
-    """One policy as loaded: CPU tensors keyed like ``Module.state_dict()``, and its train iteration."""
+    """One policy as loaded: CPU tensors keyed like ``Module.state_dict()``, its version, its header."""
 
     state_dict: dict[str, torch.Tensor]
     iter: int
+    """The policy version (the learner's update count) that produced the weights."""
+    meta: dict[str, str] = field(default_factory=dict)
+    """The header's metadata: ``algorithm``, ``model``, ``spaces_digest``... (see :meth:`PolicyStore.write`)."""
 
 
 class PolicyStore:
@@ -114,16 +126,19 @@ class PolicyStore:
             raise UnsafePath(f"invalid policy name {name!r}: the {LOCK_SUFFIX!r} suffix is reserved")
         return resolved
 
-    def write(self, name: str, state_dict: Mapping[str, torch.Tensor], iter: int) -> Path:
+    def write(
+        self, name: str, state_dict: Mapping[str, torch.Tensor], iter: int, meta: Mapping[str, str] | None = None
+    ) -> Path:
         """Publish a policy: serialize it, then swap it in under the lock.
 
-        Tensors are detached and copied to the CPU first, so the file holds just
-        their values (a saved view would otherwise drag its whole storage along).
+        Tensors are detached, copied to the CPU and made contiguous first (safetensors
+        stores plain buffers; shared or strided ones would be refused).
 
         Args:
-            name: file name under the root, e.g. ``"learner0.pt"``.
+            name: file name under the root, e.g. ``"policy_main"``.
             state_dict: parameter name -> tensor, as from ``Module.state_dict()``.
-            iter: the learner's train iteration that produced these weights.
+            iter: the policy version (the learner's update count) that produced these weights.
+            meta: strings for the header (``algorithm``, ``model``, ``spaces_digest``...).
 
         Returns:
             The path of the published file.
@@ -134,7 +149,7 @@ class PolicyStore:
             StorageError: the file is too large, writing failed, or the lock timed out.
         """
         path = self.path(name)
-        body = self._serialize(name, state_dict, iter)
+        body = self._serialize(name, state_dict, iter, meta or {})
         tmp = write_temp(path, body, fsync=self._fsync)
         try:
             with self._locked(path):
@@ -161,8 +176,8 @@ class PolicyStore:
     ) -> tuple[PolicySnapshot | None, FileStamp | None]:
         """Load policy ``name`` only if it changed since ``last_stamp``.
 
-        Collectors poll every few seconds; comparing (mtime, size, inode) costs one
-        ``stat`` where a load costs a full unpickle. Every publish is a rename of a new
+        Collectors poll every second or so; comparing (mtime, size, inode) costs one
+        ``stat`` where a load costs a read and a copy of every tensor. Every publish is a rename of a new
         file, so the inode alone changes on each write.
 
         Args:
@@ -209,19 +224,20 @@ class PolicyStore:
         """
         return sweep_temp_files(self._root, older_than_s=older_than_s)
 
-    def _serialize(self, name: str, state_dict: Mapping[str, torch.Tensor], iter: int) -> bytes:
-        import torch
+    def _serialize(
+        self, name: str, state_dict: Mapping[str, torch.Tensor], iter: int, meta: Mapping[str, str]
+    ) -> bytes:
+        from safetensors.torch import save
 
-        payload = {"model": _cpu_copy(state_dict), "iter": _check_iter(iter)}
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        body = buffer.getvalue()
+        header = {str(k): str(v) for k, v in meta.items()}
+        header.update({"warren.format": POLICY_FORMAT, "policy_version": str(_check_iter(iter))})
+        body: bytes = save(_cpu_copy(state_dict), metadata=header)
         if len(body) > self._max_file_bytes:
             raise StorageError(f"policy {name!r} is {len(body)} bytes, over the limit of {self._max_file_bytes}")
         return body
 
     def _load(self, path: Path) -> tuple[PolicySnapshot, FileStamp] | None:
-        # Only the read of the bytes happens under the lock; unpickling them does not
+        # Only the read of the bytes happens under the lock; decoding them does not
         # need it and would keep the learner waiting.
         if stat_stamp(path) is None:
             return None  # do not leave lock files behind for policies that never existed
@@ -260,7 +276,7 @@ def _cpu_copy(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     for key, value in state_dict.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
             raise TypeError(f"state_dict must map str -> Tensor, got {key!r} -> {type(value).__name__}")
-        copy[key] = value.detach().to("cpu", copy=True)
+        copy[key] = value.detach().to("cpu", copy=True).contiguous()
     return copy
 
 
@@ -273,49 +289,41 @@ def _check_iter(iter: int) -> int:
 
 
 def _parse_policy(path: Path, body: bytes) -> PolicySnapshot:
-    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
+    where = f"policy file {str(path)!r}"
+    meta = _header_metadata(where, body)
+    if meta.get("warren.format") != POLICY_FORMAT:
+        raise CorruptFile(
+            f"{where} is not a warren policy (warren.format {meta.get('warren.format')!r}, this warren reads "
+            f"{POLICY_FORMAT!r}): written by another version, or not by a warren learner"
+        )
+    version = meta.get("policy_version", "")
+    if not version.isdigit() or int(version) >= 2**63:
+        raise CorruptFile(f"{where} has policy_version {version!r}, not an integer in 0..2**63-1")
     try:
-        document = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        # `from None`, and only the gist of torch's message: the rest advises retrying
-        # with weights_only=False, which must never happen with a file from the volume.
-        raise CorruptFile(
-            f"policy file {str(path)!r} is not a weights-only torch checkpoint: the loader refused it "
-            f"({_unpickler_detail(exc)}); junk bytes, or a pickle of objects other than tensors "
-            "and plain containers (possibly malicious)"
-        ) from None
-    except Exception as exc:  # torch.load raises RuntimeError, EOFError, IndexError... for junk
-        first_line = str(exc).strip().split("\n", 1)[0]
-        reason = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
-        raise CorruptFile(
-            f"policy file {str(path)!r} is not a weights-only torch checkpoint ({reason[:_MAX_REASON_CHARS]})"
-        ) from None
-    problem = _policy_problem(document)
-    if problem is not None:
-        raise CorruptFile(f"policy file {str(path)!r} has the wrong layout: {problem}")
-    return PolicySnapshot(state_dict=dict(document["model"]), iter=document["iter"])
+        tensors = load(body)
+    except SafetensorError as exc:
+        raise CorruptFile(f"{where} is not a valid safetensors file ({str(exc)[:_MAX_REASON_CHARS]})") from None
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            raise CorruptFile(f"{where}: tensor {key!r} holds NaN or infinite values")
+    return PolicySnapshot(state_dict=dict(tensors), iter=int(version), meta=meta)
 
 
-def _unpickler_detail(exc: Exception) -> str:
-    paragraphs = (part.strip() for part in str(exc).split("\n\n"))
-    kept = [part for part in paragraphs if part and "weights_only" not in part and "documentation" not in part]
-    return " ".join(kept)[:_MAX_REASON_CHARS] or type(exc).__name__
-
-
-def _policy_problem(document: Any) -> str | None:
-    import torch
-
-    if not isinstance(document, dict):
-        return f"top level is {type(document).__name__}, not a dict"
-    model, iteration = document.get("model"), document.get("iter")
-    if not isinstance(model, dict):
-        return f"'model' is {type(model).__name__}, not a dict"
-    for key, value in model.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            return f"'model' maps {key!r} to {type(value).__name__}, not str -> Tensor"
-    if type(iteration) is not int:
-        return f"'iter' is {type(iteration).__name__}, not an int"
-    if not 0 <= iteration < 2**63:
-        return f"'iter' is {iteration}, outside 0..2**63-1"
-    return None
+def _header_metadata(where: str, body: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file: 8 bytes of little-endian header length, then JSON."""
+    if len(body) < 8:
+        raise CorruptFile(f"{where} is {len(body)} bytes: too short for a safetensors file")
+    (size,) = struct.unpack("<Q", body[:8])
+    if size > min(_MAX_HEADER_BYTES, len(body) - 8):
+        raise CorruptFile(f"{where} is not a safetensors file (header length {size} for {len(body)} bytes)")
+    try:
+        header = json.loads(body[8 : 8 + size])
+    except (UnicodeDecodeError, ValueError):
+        raise CorruptFile(f"{where} is not a safetensors file (its header is not JSON)") from None
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise CorruptFile(f"{where}: its safetensors metadata is not a map of strings")
+    return meta

@@ -45,7 +45,8 @@ _MAX_WAIT_S: Final = 0.5
 class SampleChunk:
     """One step data file as read back.
 
-    ``fields`` maps a field name to an array whose leading dimension is ``count``. The
+    ``fields`` maps a field name to an array whose leading dimension is ``count`` (the steps
+    ``T``), or ``count + 1`` (observations: the one after the last step closes the chunk). The
     arrays are read-only views of the file's bytes: copy one before changing it.
     """
 
@@ -200,10 +201,11 @@ def _validate_samples(samples: Mapping[str, NDArray[Any]]) -> int:
         if array.ndim == 0 or array.shape[0] == 0:
             raise ValueError(f"sample field {name!r} has shape {array.shape}: needs a leading dimension >= 1")
         counts.add(int(array.shape[0]))
-    if len(counts) != 1:
+    # T steps, and T + 1 rows for observations (the one after the last step closes the chunk).
+    if len(counts) > 2 or max(counts) - min(counts) > 1:
         shapes = {name: array.shape for name, array in samples.items()}
-        raise ValueError(f"sample fields disagree on the leading dimension: {shapes}")
-    return counts.pop()
+        raise ValueError(f"sample fields disagree on the leading dimension (T or T + 1): {shapes}")
+    return min(counts)
 
 
 def _parse_chunk(path: Path, data_id: str, body: bytes, max_bytes: int) -> SampleChunk:
@@ -241,6 +243,6 @@ def _fields_problem(fields: Any, count: Any) -> str | None:
             return f"field name {name!r} is not a string"
         if not isinstance(array, np.ndarray) or array.ndim == 0:
             return f"field {name!r} is {type(array).__name__}, not an array with a leading dimension"
-        if array.shape[0] != count:
-            return f"field {name!r} has shape {array.shape}, but count is {count}"
+        if array.shape[0] not in (count, count + 1):
+            return f"field {name!r} has shape {array.shape}, but count is {count} (rows must be count or count + 1)"
     return None

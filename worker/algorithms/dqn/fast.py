@@ -1,4 +1,4 @@
-"""The learner process's Double DQN, written out in numpy: the math of :class:`DQNLearner` at ~1/3 the cost.
+"""The DQN train step written out in numpy: the math of :class:`TorchDQNStep` at ~1/3 the cost.
 
 Why not torch: the network is tiny (obs -> 128 -> 128 -> actions), so a torch train step
 is dispatch-bound: ~450 aten ops of ~10 us each (autograd bookkeeping, module calls, the
@@ -16,9 +16,9 @@ preallocated float32 arrays:
 * matmuls go to BLAS with ``out=`` into per-batch-size scratch arrays, so a step allocates
   almost nothing.
 
-:class:`worker.rl.dqn.DQNLearner` stays the reference: ``tests/unit/test_rl_fast_dqn.py``
-checks that both produce the same weights and metrics step after step (to ~1e-7, float32
-rounding), from the same seeded initial weights.
+It runs ReLU MLPs on flat float observations only (``QNetwork.relu_mlp``); :class:`TorchDQNStep`
+stays the reference: ``tests/unit/test_dqn_learner.py`` checks that both produce the same
+weights and metrics step after step (to ~1e-7, float32 rounding), from the same weights.
 """
 
 from __future__ import annotations
@@ -31,37 +31,38 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from worker.rl.config import LearnerSpec
-from worker.rl.dqn import seeded_q_network
+from worker.algorithms.dqn.config import DQNConfig
+from worker.algorithms.dqn.learner import split_state
+from worker.algorithms.dqn.network import QNetwork
 
-__all__ = ["NumpyDQNLearner"]
+__all__ = ["NumpyDQNStep"]
 
 F32 = npt.NDArray[np.float32]
-# Adam's torch defaults (``torch.optim.Adam``), which DQNLearner uses.
+# Adam's torch defaults (``torch.optim.Adam``), which TorchDQNStep uses.
 _BETA1, _BETA2, _ADAM_EPS = 0.9, 0.999, 1e-8
 
 
-class NumpyDQNLearner:
-    """Drop-in for :class:`worker.rl.dqn.DQNLearner` whose train step runs in numpy.
+class NumpyDQNStep:
+    """Drop-in for :class:`~worker.algorithms.dqn.learner.TorchDQNStep` whose train step runs in numpy.
 
     Double DQN (or plain max-Q) targets from a periodically synced target net, a Huber
     (smooth L1, beta 1, mean) TD loss, global-norm gradient clipping and Adam, exactly as
     the torch reference computes them; batches are numpy arrays, as
-    :meth:`worker.rl.dqn.ReplayBuffer.sample_arrays` returns them.
+    :meth:`worker.rl.replay.ReplayBuffer.sample` returns them.
 
     Args:
-        spec: hyperparameters.
-        obs_dim: observation size.
-        n_actions: number of discrete actions.
-        seed: seeds the weight initialisation; same weights as ``DQNLearner`` for the same seed.
+        config: hyperparameters.
+        net: the network whose weights it starts from (a ReLU MLP, ``net.relu_mlp``).
     """
 
-    def __init__(self, spec: LearnerSpec, obs_dim: int, n_actions: int, seed: int = 0) -> None:
-        self.spec = spec
-        self.obs_dim, self.n_actions = obs_dim, n_actions
-        initial = seeded_q_network(obs_dim, n_actions, spec.hidden_sizes, seed).state_dict()
+    def __init__(self, config: DQNConfig, net: QNetwork) -> None:
+        if not net.relu_mlp:
+            raise ValueError("the numpy DQN step runs ReLU MLPs on flat float observations only")
+        self.spec = config
+        initial = net.state_dict()
         self._names = list(initial)
         self._shapes = [tuple(tensor.shape) for tensor in initial.values()]
+        self.obs_dim = int(self._shapes[0][1])
         size = sum(math.prod(shape) for shape in self._shapes)
         # Online weights, their gradient, the target net, Adam's moments and a scratch
         # vector: one row each, so each is a single contiguous float32 vector.
@@ -73,8 +74,9 @@ class NumpyDQNLearner:
         self._adam_step = 0
         self._scratch: dict[int, _Scratch] = {}
         self.iter = 0
-        """Train steps done so far; sent with every policy as its ``iter``."""
-        self.load_policy(initial, 0)
+        """Train steps done so far; sent with every policy as its version."""
+        self._set(self._layers, initial)
+        self._target[:] = self._params
 
     # -- weights in and out ------------------------------------------------------------
 
@@ -86,29 +88,37 @@ class NumpyDQNLearner:
         """A copy of the target net's weights, like :meth:`policy_state` (for tests and diagnostics)."""
         return self._state(self._target_layers)
 
-    def load_policy(self, state_dict: Mapping[str, torch.Tensor], iter: int) -> None:
-        """Resume from a policy file: online and target nets get ``state_dict``, ``iter`` carries over.
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Online and target weights and Adam's moments, in the checkpoint layout of :func:`split_state`."""
+        out = {f"online.{n}": t for n, t in self.policy_state().items()}
+        out.update({f"target.{n}": t for n, t in self.target_state().items()})
+        out.update({f"adam.exp_avg.{n}": t for n, t in self._state(self._split(self._m)).items()})
+        out.update({f"adam.exp_avg_sq.{n}": t for n, t in self._state(self._split(self._v)).items()})
+        out["adam.step"] = torch.tensor(float(self._adam_step), dtype=torch.float32)
+        return out
 
-        Adam starts afresh (the file holds no optimizer state), as it does for a torch
-        ``DQNLearner`` built and then loaded.
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor], iter: int) -> None:
+        """Resume from a checkpoint of either train step.
 
         Raises:
             ValueError: the keys or shapes do not match this network; nothing is changed then.
         """
-        if sorted(state_dict) != sorted(self._names):
-            raise ValueError(f"policy keys {sorted(state_dict)} do not match this network's {self._names}")
-        arrays = [np.asarray(state_dict[name].detach().cpu(), dtype=np.float32) for name in self._names]
-        for name, array, shape in zip(self._names, arrays, self._shapes, strict=True):
-            if array.shape != shape:
-                raise ValueError(f"policy tensor {name!r} has shape {array.shape}; this network needs {shape}")
-        views = [view for layer in self._layers for view in layer]
-        for view, array in zip(views, arrays, strict=True):
-            view[...] = array
-        self._target[:] = self._params
-        self._m[:] = 0.0
-        self._v[:] = 0.0
-        self._adam_step = 0
+        online, target, m, v, step = split_state(tensors, self._names)
+        for part in (online, target, m, v):
+            for name, shape in zip(self._names, self._shapes, strict=True):
+                if tuple(part[name].shape) != shape:
+                    raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(part[name].shape)}; needs {shape}")
+        self._set(self._layers, online)
+        self._set(self._target_layers, target)
+        self._set(self._split(self._m), m)
+        self._set(self._split(self._v), v)
+        self._adam_step = round(float(step["step"]))
         self.iter = iter
+
+    def _set(self, layers: list[tuple[F32, F32]], state: Mapping[str, torch.Tensor]) -> None:
+        views = [view for layer in layers for view in layer]
+        for view, name in zip(views, self._names, strict=True):
+            view[...] = np.asarray(state[name].detach().cpu(), dtype=np.float32)
 
     # -- training ----------------------------------------------------------------------
 
@@ -122,6 +132,8 @@ class NumpyDQNLearner:
         spec = self.spec
         obs = batch["obs"]
         n = len(obs)
+        if obs.ndim != 2:
+            obs = obs.reshape(n, -1)
         s = self._scratch.get(n)
         if s is None:
             s = self._scratch[n] = _Scratch(n, self.obs_dim, self._shapes)
@@ -130,7 +142,7 @@ class NumpyDQNLearner:
 
         # -- forward: the online net on obs (and next_obs for Double DQN), the target net on next_obs
         s.x[:n] = obs
-        s.x[n:] = batch["next_obs"]
+        s.x[n:] = batch["next_obs"].reshape(n, -1)
         rows = 2 * n if spec.double_dqn else n
         q_online = _forward(self._layers, s.x[:rows], [h[:rows] for h in s.hidden], s.zeros, s.q_online[:rows])
         q_next_target = _forward(self._target_layers, s.x[n:], s.target_hidden, s.zeros, s.q_target)

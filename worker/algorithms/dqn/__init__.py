@@ -1,0 +1,67 @@
+"""Built-in DQN (double DQN, Huber loss, target network, replay) on the plug-in contract.
+
+This module is what the registry loads, and it stays light (no torch): the coordinator
+builds the algorithm to validate a job and to read its exploration schedule. The actor
+(:mod:`.actor`) and the learner (:mod:`.learner`) import torch when they are made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from worker.algorithms.dqn.config import DQNConfig, epsilon_at
+from worker.plugins.contract import Actor, Algorithm, Learner, UnsupportedSpace
+from worker.plugins.spaces import Spaces, describe_space
+from worker.protocol.checks import check_float
+
+__all__ = ["DQN", "DQNConfig", "epsilon_at"]
+
+
+class DQN(Algorithm):
+    """Q-learning from replay: discrete actions, any observation space the model takes."""
+
+    Config = DQNConfig
+    kind = "off_policy"
+    config: DQNConfig
+
+    @classmethod
+    def check_spaces(cls, spaces: Spaces) -> None:
+        if not isinstance(spaces.action, gym.spaces.Discrete):
+            raise UnsupportedSpace(
+                f"dqn needs Discrete actions (one Q-value per action); the env's actions are "
+                f"{describe_space(spaces.action)}: use sac or ppo"
+            )
+
+    def collect_settings(self, env_steps: int) -> dict[str, float]:
+        return {"eps": self.config.epsilon(env_steps)}
+
+    def check_collect_settings(self, settings: Mapping[str, float]) -> None:
+        if "eps" in settings:
+            check_float(settings["eps"], "collector_cfg.collect_setting.eps", 0.0, 1.0)
+
+    @property
+    def replay_ratio(self) -> float:
+        return self.config.train_steps_per_sample
+
+    @property
+    def n_actions(self) -> int:
+        return int(self.spaces.action.n)  # type: ignore[attr-defined]
+
+    def make_actor(self, seed: int | None) -> Actor:
+        from worker.algorithms.dqn.actor import make_actor
+
+        return make_actor(self, seed)
+
+    def make_learner(self, seed: int) -> Learner:
+        from worker.algorithms.dqn.learner import DQNLearner
+
+        return DQNLearner(self, seed)
+
+    def q_network(self, seed: int | None = None) -> Any:
+        """A fresh :class:`~worker.algorithms.dqn.network.QNetwork` (seeded weights if ``seed``)."""
+        from worker.algorithms.dqn.network import QNetwork
+
+        return QNetwork.build(self.model, self.spaces, seed)
