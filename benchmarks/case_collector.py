@@ -1,12 +1,13 @@
 """Collector speed: env steps/s of one rollout, with and without its communication.
 
-Three variants of the same work, CartPole-v1 with 64 envs and the default DQN network
-(128x128), in this one process:
+Three variants of the same work, CartPole-v1 with 64 envs and the shipped job's DQN
+(its ``mlp`` model, 128x128), in this one process:
 
 * ``bare``: a plain loop with no warren code: gymnasium's vector env, a numpy forward
   pass and epsilon-greedy actions, the step written into preallocated ``[64, 64]``
   arrays. What the machine can do; the baseline of ``null``.
-* ``null``: :class:`worker.rl.rollout.Rollout` with a sink that drops every chunk.
+* ``null``: :class:`worker.rl.rollout.Rollout` with the job's algorithm (its actor) and
+  env batch, and a sink that drops every chunk.
 * ``comm``: the same Rollout with :class:`worker.collector.sink.BrokerSink`: an atomic
   step file per 64x64 chunk, then a persistent metadata message through a
   :class:`messaging.ConfirmedPublisher` (a window of confirms, no wait per message), the
@@ -22,6 +23,7 @@ Two policies, because the info rate follows the episode length:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Mapping
@@ -37,10 +39,11 @@ from benchmarks import procs
 from benchmarks.common import CaseContext, CaseResult, Trials, alternate
 from benchmarks.stats import Row
 from messaging import BrokerLink, ConfirmedPublisher, MetadataPublisher, Names, Settings
+from worker.algorithms.dqn import DQN
 from worker.collector.sink import BrokerSink
-from worker.protocol import DEFAULT_HIDDEN_SIZES, CollectorSpec, EnvSpec, PolicySpec
-from worker.rl.envs import VecEnvBatch
-from worker.rl.policy import QNetwork
+from worker.inprocess import job_envs
+from worker.job import JobConfig
+from worker.protocol import CollectorSpec
 from worker.rl.rollout import Rollout
 from worker.storage import PolicySnapshot, StepStore
 
@@ -53,15 +56,27 @@ CHUNK_ROWS = 64
 CONTROLLER = (0.0, 0.0, 1.0, 0.5)
 
 
+def bench_job() -> JobConfig:
+    """The shipped DQN job with this case's envs and chunks."""
+    return JobConfig.load(None, **{"env.collector_env_num": ENV_NUM, "collector.traj_len": CHUNK_ROWS})
+
+
+def _dqn() -> DQN:
+    algorithm = bench_job().bound
+    assert isinstance(algorithm, DQN)
+    return algorithm
+
+
 def random_weights() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    return QNetwork(4, 2, DEFAULT_HIDDEN_SIZES).state_dict()
+    """The job's Q-network with seeded initial weights (what a learner publishes at version 0)."""
+    weights: dict[str, torch.Tensor] = _dqn().q_network(seed=0).state_dict()
+    return weights
 
 
 def controller_weights() -> dict[str, torch.Tensor]:
     """Q(s, right) - Q(s, left) = CONTROLLER . s, carried through the ReLUs as relu(x) - relu(-x)."""
-    net = QNetwork(4, 2, DEFAULT_HIDDEN_SIZES)
-    linears = [m for m in net.net if isinstance(m, torch.nn.Linear)]
+    net = _dqn().q_network(seed=0)
+    linears = net.linear_layers()
     with torch.no_grad():
         for layer in linears:
             layer.weight.zero_()
@@ -74,7 +89,8 @@ def controller_weights() -> dict[str, torch.Tensor]:
             layer.weight[1, 1] = 1.0
         linears[-1].weight[1, 0] = 1.0
         linears[-1].weight[1, 1] = -1.0
-    return net.state_dict()
+    weights: dict[str, torch.Tensor] = net.state_dict()
+    return weights
 
 
 class FixedPolicy:
@@ -117,7 +133,9 @@ class _Collector:
         self.link = BrokerLink(settings, "bench-collector").open()
         self.confirmed = ConfirmedPublisher(settings, "bench-collector-publisher").open()
         self.source = FixedPolicy(weights)
-        self.envs = VecEnvBatch(ENV_ID, ENV_NUM, seed=0)
+        self.job = bench_job()
+        self.algorithm = self.job.bound
+        self.envs = job_envs(self.job, ENV_NUM, seed=0)
         self.weights = weights
         self.eps = eps
         self.seq = 0
@@ -129,18 +147,17 @@ class _Collector:
         self.link.close()
 
     def spec(self, steps: int) -> CollectorSpec:
-        return CollectorSpec(
-            env=EnvSpec(ENV_ID, ENV_NUM, seed=0),
-            policy=PolicySpec("dqn"),
+        """The job's collect task, for ``steps`` samples at this case's eps."""
+        return dataclasses.replace(
+            self.job.collect_spec(0),
             n_sample=steps,
-            traj_len=CHUNK_ROWS,
-            eps=self.eps,
+            collect_setting={"eps": self.eps},
             policy_update_path="bench",
             update_policy_second=1.0,
         )
 
     def _rollout(self, steps: int, sink: Any) -> tuple[Rollout, float]:
-        rollout = Rollout(self.spec(steps), sink, self.source, stop=threading.Event(), envs=self.envs)
+        rollout = Rollout(self.spec(steps), self.algorithm, self.envs, sink, self.source, stop=threading.Event())
         started = time.monotonic()
         rollout.run()
         return rollout, started
@@ -154,13 +171,14 @@ class _Collector:
         rng = np.random.default_rng(0)
         envs = gym.make_vec(ENV_ID, num_envs=ENV_NUM, vectorization_mode="vector_entry_point")
         obs, _ = envs.reset(seed=0)
+        # The chunk layout warren writes: T + 1 rows of observations, T of the rest.
         rows: dict[str, np.ndarray] = {
-            "obs": np.zeros((CHUNK_ROWS, ENV_NUM, 4), np.float32),
-            "next_obs": np.zeros((CHUNK_ROWS, ENV_NUM, 4), np.float32),
+            "obs": np.zeros((CHUNK_ROWS + 1, ENV_NUM, 4), np.float32),
             "action": np.zeros((CHUNK_ROWS, ENV_NUM), np.int64),
             "reward": np.zeros((CHUNK_ROWS, ENV_NUM), np.float32),
             "done": np.zeros((CHUNK_ROWS, ENV_NUM), bool),
             "truncated": np.zeros((CHUNK_ROWS, ENV_NUM), bool),
+            "valid": np.ones((CHUNK_ROWS, ENV_NUM), bool),
         }
         started = time.monotonic()
         done = 0
@@ -176,9 +194,10 @@ class _Collector:
                 explore = u < self.eps
                 action[explore] = (u[explore] / self.eps * 2).astype(np.int64)
                 next_obs, reward, terminated, truncated, _ = envs.step(action)
-                rows["obs"][t], rows["next_obs"][t], rows["action"][t] = obs, next_obs, action
+                rows["obs"][t], rows["action"][t] = obs, action
                 rows["reward"][t], rows["done"][t], rows["truncated"][t] = reward, terminated, truncated
                 obs = next_obs
+            rows["obs"][CHUNK_ROWS] = obs
             chunk = {name: array.copy() for name, array in rows.items()}
             done += chunk["action"].size
         seconds = time.monotonic() - started

@@ -86,7 +86,7 @@ class _PeakPss:
 
 
 def _learner_train_steps(workdir: Path) -> int | None:
-    match = re.search(r"learner stopped after (\d+) train steps", (workdir / "logs" / "learner.log").read_text())
+    match = re.search(r"learner stopped after (\d+) updates", (workdir / "logs" / "learner.log").read_text())
     return int(match.group(1)) if match else None
 
 

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import procs
-from benchmarks.case_collector import random_weights
+from benchmarks.case_collector import bench_job, random_weights
 from benchmarks.common import CaseContext, CaseResult, Trials, alternate
 from benchmarks.stats import Row
 from messaging import BrokerLink, MetadataConsumer, Names, RpcClient, Settings
-from worker.protocol import DEFAULT_HIDDEN_SIZES
 from worker.storage import PolicyStore, StepStore
 
 NAME = "scaling"
@@ -35,16 +34,10 @@ REFERENCE = "DI-engine parallel ~50 env steps/s (2 collectors, whole job)"
 
 
 def collect_cfg(n_sample: int) -> dict[str, Any]:
-    return {
-        "env": {"id": "CartPole-v1", "env_num": 64, "seed": 0},
-        "policy": {"type": "dqn", "hidden_sizes": list(DEFAULT_HIDDEN_SIZES)},
-        "n_sample": n_sample,
-        "traj_len": 64,
-        "collect_setting": {"eps": 1.0},
-        "policy_update_path": POLICY,
-        "update_policy_second": 1.0,
-        "eval_flag": False,
-    }
+    """The shipped job's collect task (64 envs, 64-step chunks, its DQN at eps 1.0) for ``n_sample`` samples."""
+    cfg = bench_job().collect_spec(0).to_wire()
+    cfg.update(n_sample=n_sample, collect_setting={"eps": 1.0}, policy_update_path=POLICY, update_policy_second=1.0)
+    return cfg
 
 
 class _Driver:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 #: Version of the message layout; sent as the ``schema`` header and stored in files.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 #: MIME type set on every AMQP message warren publishes.
 CONTENT_TYPE: Final = "application/msgpack"
 

@@ -23,7 +23,7 @@ from messaging import (
     RemoteError,
     encode,
 )
-from worker.protocol import StartReply, StartTask, TaskName
+from worker.protocol import ResourceReply, StartReply, StartTask, TaskName
 
 
 @dataclass
@@ -78,6 +78,12 @@ class FakeBus:
     closed: bool = False
     nacks: int = 0
     """How many of the next sends the broker nacks (:class:`PublishRejected`)."""
+    broadcasts: list[Sent] = field(default_factory=list)
+    """Requests sent to every collector (the roster's ``resource``), apart from :attr:`sent`."""
+    roster: list[dict[str, Any]] = field(default_factory=list)
+    """``resource`` results every broadcast gets back (what the workers listening would answer)."""
+    finished_broadcasts: list[str] = field(default_factory=list)
+    _gathering: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # -- CoordinatorBus -------------------------------------------------------------
@@ -94,6 +100,20 @@ class FakeBus:
         correlation_id = f"c{next(self._ids)}"
         self.sent.append(Sent(queue, body, correlation_id, timeout_s))
         return correlation_id
+
+    def broadcast(self, body: dict[str, Any], *, timeout_s: float) -> str:
+        correlation_id = f"b{next(self._ids)}"
+        self.broadcasts.append(Sent("p.collector.roster", body, correlation_id, timeout_s))
+        self._gathering[correlation_id] = [dict(result) for result in self.roster]
+        return correlation_id
+
+    def gathered(self, correlation_id: str, *, done: bool = False) -> list[dict[str, Any]]:
+        found = self._gathering.get(correlation_id, [])
+        self._gathering[correlation_id] = []
+        if done:
+            self._gathering.pop(correlation_id, None)
+            self.finished_broadcasts.append(correlation_id)
+        return found
 
     def poll(self, correlation_id: str) -> dict[str, Any] | None:
         reply = self.replies.pop(correlation_id, None)
@@ -165,8 +185,19 @@ class FakeBus:
         self.replies[sent.correlation_id] = reply.to_wire()
         return reply
 
-    def refuse(self, sent: Sent, code: str) -> None:
-        self.replies[sent.correlation_id] = RemoteError(f"refused: {code}", {"message": code})
+    def refuse(self, sent: Sent, code: str, **detail: Any) -> None:
+        self.replies[sent.correlation_id] = RemoteError(f"refused: {code}", {"message": code, **detail})
+
+    def listening(
+        self, worker_id: str, *, plugins: dict[str, dict[str, str]] | None = None, busy: bool = False
+    ) -> ResourceReply:
+        """A worker that answers the roster's ``resource`` broadcasts (its control queue exists)."""
+        reply = ResourceReply(
+            0, 2, worker_id, f"p.collector.control.{worker_id}", busy=busy, task_id=None, plugins=plugins
+        )
+        self.roster = [r for r in self.roster if r["worker_id"] != worker_id] + [reply.to_wire()]
+        self.alive.add(reply.control_queue)
+        return reply
 
     def push(self, queue: str, message: dict[str, Any]) -> None:
         """A worker publishes one metadata item."""

@@ -9,7 +9,9 @@ Three families:
 * :func:`metadata_garbage`: what a hostile or broken writer could put into a metadata
   queue the coordinator reads, or into the learner's data queue.
 * :func:`policy_files`: files a ``dqn`` task may find at its ``policy_update_path``:
-  malicious pickles, truncated or junk checkpoints, wrong layouts, FIFOs, symlinks.
+  malicious pickles, torch checkpoints (warren's old format), truncated or junk
+  safetensors, headers of another format, env or algorithm, NaN weights, another
+  network's tensors, FIFOs, symlinks.
 
 No strategy here ever builds a valid start task on purpose: every ``collector_start_task``
 has exactly one thing wrong with it, so a worker that accepts one has a bug (except
@@ -51,10 +53,13 @@ START_REFUSALS = codes(
     Refusal.BAD_BUFFER_ID,
     Refusal.UNSAFE_PATH,
     Refusal.WORKER_BUSY,
+    Refusal.MISSING_PLUGIN,
+    Refusal.UNKNOWN_ENV,
+    Refusal.UNSUPPORTED_ENV,
 )
 #: The body of a refused unknown or malformed task.
 NAME_REFUSALS = codes(Refusal.TASK_NAME_ERROR, Refusal.BAD_TASK)
-#: A start task whose env is unknown, or one a Q-network cannot drive.
+#: A start task whose env is unknown, or one the task's algorithm (DQN) cannot drive.
 ENV_REFUSALS = codes(Refusal.UNKNOWN_ENV, Refusal.UNSUPPORTED_ENV)
 #: What a data or close task gets when it cannot be served.
 DATA_CLOSE_REFUSALS = codes(
@@ -199,7 +204,8 @@ def unsafe_path() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(UNSAFE_PATHS), built)
 
 
-#: Ids gymnasium does not know, or registered envs a Q-network cannot drive.
+#: Ids gymnasium does not know, or registered envs DQN cannot drive (continuous actions,
+#: Tuple observations) or that need a package not installed here.
 BAD_ENV_IDS = (
     "NoSuchEnv-v0",
     "CartPole-v999",
@@ -212,8 +218,6 @@ BAD_ENV_IDS = (
     "MountainCarContinuous-v0",
     "Pendulum-v1",
     "Blackjack-v1",
-    "FrozenLake-v1",
-    "CliffWalking-v1",
     "CarRacing-v3",
     "BipedalWalker-v3",
 )
@@ -237,7 +241,7 @@ def valid_start(tid: str, *, dqn: bool = False) -> dict[str, Any]:
         "n_episode": 1,
     }
     if dqn:
-        cfg.update(policy={"type": "dqn", "hidden_sizes": [64, 64]}, collect_setting={"eps": 0.1})
+        cfg.update(policy={"type": "dqn", "model_config": {"hidden_sizes": [64, 64]}}, collect_setting={"eps": 0.1})
         cfg["policy_update_path"] = "policy_ok"
     return {"name": "collector_start_task", "task_info": {"task_id": tid, "buffer_id": "fuzzbuf", "collector_cfg": cfg}}
 
@@ -277,6 +281,28 @@ def _drop_task_info(body: dict[str, Any], _value: Any) -> None:
 
 _CFG = ("collector_cfg",)
 _CFG_ERR = codes(Refusal.BAD_COLLECTOR_CFG)
+_MISSING = codes(Refusal.MISSING_PLUGIN)
+
+
+def _not_installed(kind: str) -> st.SearchStrategy[str]:
+    """Plug-in names (1 to 100 characters) no worker of this test has."""
+    from worker.plugins import installed
+
+    have = set(installed().inventory()[f"{kind}s"])
+    return st.text(min_size=1, max_size=100).filter(lambda name: name not in have)
+
+
+#: Plain-data maps a config cannot hold: nested too deep, too big, with non-string keys or bytes.
+BAD_PLAIN = st.sampled_from(
+    [
+        {"a": {"b": {"c": {"d": {"e": {"f": 1}}}}}},
+        {str(i): i for i in range(300)},
+        {"k": b"bytes"},
+        {"k": float("nan")},
+        {"k": [float("inf")]},
+        {1: 2},
+    ]
+)
 #: (where, how, bad values, allowed result.message values, word the error must name, dqn base)
 _MUTATIONS: list[tuple[str, _Mutate, st.SearchStrategy[Any], frozenset[str], str, bool]] = [
     ("task_info", _replace_task_info, NON_MAP, codes(Refusal.MISSING_TASK_INFO), "task_info", False),
@@ -302,14 +328,52 @@ _MUTATIONS: list[tuple[str, _Mutate, st.SearchStrategy[Any], frozenset[str], str
     (
         "policy.type",
         _set(*_CFG, "policy", "type"),
-        JUNK.filter(lambda v: not (isinstance(v, str) and v in ("dqn", "random"))),
+        st.one_of(NON_STR, st.just(""), huge_text().map(lambda s: s + "x" * 100)),
         _CFG_ERR,
         "policy.type",
         False,
     ),
+    # a name no worker has: permanent for this worker, naming the plug-in
+    ("policy.type", _set(*_CFG, "policy", "type"), _not_installed("algorithm"), _MISSING, "plug-in", False),
+    ("policy.model", _set(*_CFG, "policy", "model"), _not_installed("model"), _MISSING, "plug-in", True),
     (
-        "policy.hidden_sizes",
-        _set(*_CFG, "policy", "hidden_sizes"),
+        "policy.version",
+        _set(*_CFG, "policy", "version"),
+        st.sampled_from(["0.0.0-x", "99", "é"]),
+        _MISSING,
+        "the task wants",
+        False,
+    ),
+    ("env.plugin", _set(*_CFG, "env", "plugin"), _not_installed("env"), _MISSING, "plug-in", False),
+    (
+        "env.plugin",
+        _set(*_CFG, "env", "plugin"),
+        st.one_of(NON_STR.filter(lambda v: v is not None), st.just("")),
+        _CFG_ERR,
+        "env.plugin",
+        False,
+    ),
+    ("env.kwargs", _set(*_CFG, "env", "kwargs"), st.one_of(NON_MAP, BAD_PLAIN), _CFG_ERR, "kwargs", False),
+    (
+        "env.kwargs",
+        _set(*_CFG, "env", "kwargs"),
+        st.just({"no_such_kwarg": 1}),
+        codes(Refusal.UNKNOWN_ENV),
+        "CartPole-v1",
+        False,
+    ),
+    ("policy.config", _set(*_CFG, "policy", "config"), st.one_of(NON_MAP, BAD_PLAIN), _CFG_ERR, "config", True),
+    (
+        "policy.config",
+        _set(*_CFG, "policy", "config"),
+        st.sampled_from([{"gamma": 0.9}, {"lr": -1}, {"lr": "fast"}, {"batch_size": 0}]),
+        _CFG_ERR,
+        "algorithm",
+        True,
+    ),
+    (
+        "policy.model_config.hidden_sizes",
+        _set(*_CFG, "policy", "model_config", "hidden_sizes"),
         st.one_of(
             NON_MAP.filter(lambda v: not isinstance(v, list)),
             st.just([]),
@@ -318,6 +382,31 @@ _MUTATIONS: list[tuple[str, _Mutate, st.SearchStrategy[Any], frozenset[str], str
         ),
         _CFG_ERR,
         "hidden_sizes",
+        True,
+    ),
+    (
+        "policy.model_config",
+        _set(*_CFG, "policy", "model_config"),
+        st.one_of(NON_MAP, BAD_PLAIN),
+        _CFG_ERR,
+        "model_config",
+        True,
+    ),
+    ("spaces", _set(*_CFG, "spaces"), NON_MAP.filter(lambda v: v is not None), _CFG_ERR, "spaces", False),
+    (
+        "spaces",
+        _set(*_CFG, "spaces"),
+        st.sampled_from(
+            [
+                {"observation": {"kind": "Discrete", "n": 3}, "action": {"kind": "Discrete", "n": 2}},
+                {
+                    "observation": {"kind": "Box", "shape": [4], "dtype": "float32", "low": -1, "high": 1},
+                    "action": {"kind": "Discrete", "n": 3},
+                },
+            ]
+        ),
+        codes(Refusal.UNSUPPORTED_ENV),
+        "another version of the env",
         False,
     ),
     (
@@ -332,7 +421,6 @@ _MUTATIONS: list[tuple[str, _Mutate, st.SearchStrategy[Any], frozenset[str], str
     ("n_sample", _set(*_CFG, "n_sample"), st.integers(min_value=1, max_value=100), _CFG_ERR, "n_sample", False),
     ("traj_len", _set(*_CFG, "traj_len"), bad_int(1, 4096), _CFG_ERR, "traj_len", False),
     ("eps", _set(*_CFG, "collect_setting", "eps"), bad_number(0.0, 1.0), _CFG_ERR, "eps", True),
-    ("eps", _drop(*_CFG, "collect_setting"), st.none(), _CFG_ERR, "eps", True),
     ("collect_setting", _set(*_CFG, "collect_setting"), NON_MAP, _CFG_ERR, "collect_setting", True),
     (
         "policy_update_path",
@@ -383,14 +471,14 @@ def huge_values_task(draw: st.DrawFn) -> Body:
                 ("max_env_steps", ("max_env_steps",), 2**64 - 1),
                 ("update_policy_second", ("update_policy_second",), 1e308),
                 ("update_policy_second", ("update_policy_second",), float("inf")),
-                ("hidden_sizes", ("policy", "hidden_sizes"), [2**62, 2**62]),
+                ("hidden_sizes", ("policy", "model_config", "hidden_sizes"), [2**62, 2**62]),
             ]
         )
     )
     body = valid_start(draw(task_id()))
     node = body["task_info"]["collector_cfg"]
     for key in path[:-1]:
-        node = node[key]
+        node = node.setdefault(key, {})
     node[path[-1]] = value
     return Body(f"huge number ({where})", encode(body), _CFG_ERR, where)
 
@@ -432,7 +520,7 @@ def unsafe_path_task(draw: st.DrawFn) -> Body:
 
 @st.composite
 def unknown_env_task(draw: st.DrawFn) -> Body:
-    body = valid_start(draw(task_id()))
+    body = valid_start(draw(task_id()), dqn=True)
     env_id = draw(unknown_env_id())
     body["task_info"]["collector_cfg"]["env"]["id"] = env_id
     category = "unknown env id"
@@ -767,6 +855,7 @@ class _Evil:
 
 
 def _torch_bytes(obj: Any) -> bytes:
+    """A ``torch.save`` checkpoint: warren's policy format before safetensors, never to be loaded now."""
     import torch
 
     buffer = io.BytesIO()
@@ -774,13 +863,65 @@ def _torch_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _good_policy() -> dict[str, Any]:
+def _good_weights() -> dict[str, Any]:
+    """Weights of the fuzz tasks' DQN (64x64 mlp on CartPole), as its learner would publish them."""
+    import gymnasium as gym
+
+    from worker.plugins import Spaces, installed
+    from worker.plugins.binding import build_algorithm
+
+    env = gym.make("CartPole-v1")
+    spaces = Spaces(env.observation_space, env.action_space)
+    algorithm: Any = build_algorithm(installed(), spaces, algorithm="dqn", model_config={"hidden_sizes": [64, 64]})
+    weights: dict[str, Any] = algorithm.q_network(seed=0).state_dict()
+    return weights
+
+
+def _header(**changes: str) -> dict[str, str]:
+    import gymnasium as gym
+
+    from worker.plugins import Spaces
+    from worker.storage.policies import POLICY_FORMAT
+
+    env = gym.make("CartPole-v1")
+    digest = Spaces(env.observation_space, env.action_space).digest
+    return {
+        "warren.format": POLICY_FORMAT,
+        "policy_version": "1",
+        "algorithm": "dqn",
+        "spaces_digest": digest,
+        **changes,
+    }
+
+
+def _safetensors(weights: dict[str, Any] | None = None, /, **header: str) -> bytes:
+    from safetensors.torch import save
+
+    body: bytes = save(weights if weights is not None else _good_weights(), metadata=_header(**header))
+    return body
+
+
+def _nan_weights() -> bytes:
+    weights = _good_weights()
+    weights["head.bias"][0] = float("nan")
+    return _safetensors(weights)
+
+
+def _wrong_network() -> bytes:
     import torch
 
-    from worker.rl.policy import QNetwork
+    return _safetensors({"weight": torch.zeros(3, 3)})
 
-    torch.manual_seed(0)
-    return {"model": QNetwork(4, 2, (64, 64)).state_dict(), "iter": 1}
+
+def _other_shapes() -> bytes:
+    import torch
+
+    return _safetensors({name: torch.zeros(3, *t.shape[1:]) for name, t in _good_weights().items()})
+
+
+def _lying_header_length() -> bytes:
+    body = _safetensors()
+    return struct.pack("<Q", 2**40) + body[8:]
 
 
 def _evil_inside_torch_zip(marker: str) -> bytes:
@@ -801,8 +942,8 @@ def policy_files(marker: str) -> st.SearchStrategy[PolicyFile]:
         return PolicyFile(f"malicious pickle (protocol {protocol})", pickle.dumps(_Evil(marker), protocol=protocol))
 
     def truncated(fraction: float) -> PolicyFile:
-        full = _torch_bytes(_good_policy())
-        return PolicyFile("truncated checkpoint", full[: int(len(full) * fraction)])
+        full = _safetensors()
+        return PolicyFile("truncated policy", full[: int(len(full) * fraction)])
 
     return st.one_of(
         st.integers(min_value=0, max_value=pickle.HIGHEST_PROTOCOL).map(evil),
@@ -810,49 +951,46 @@ def policy_files(marker: str) -> st.SearchStrategy[PolicyFile]:
         st.floats(min_value=0.0, max_value=0.999).map(truncated),
         st.binary(max_size=256).map(lambda b: PolicyFile("random bytes", b)),
         st.just(PolicyFile("empty file", b"")),
+        st.builds(lambda: PolicyFile("torch checkpoint of the right network", _torch_bytes(_good_weights()))),
         st.sampled_from(
             [
-                ("wrong layout (list)", [1, 2, 3]),
-                ("wrong layout (model not a map)", {"model": [1], "iter": 1}),
-                ("wrong layout (iter a string)", {"model": {}, "iter": "7"}),
+                ("header of another format", {"warren.format": "0"}),
+                ("header of another env", {"spaces_digest": "0123456789abcdef"}),
+                ("header of another algorithm", {"algorithm": "sac"}),
+                ("header with a version that is no count", {"policy_version": "-3"}),
             ]
-        ).map(lambda kv: PolicyFile(kv[0], _torch_bytes(kv[1]))),
-        st.builds(lambda: PolicyFile("state_dict of another network", _wrong_network())),
-        st.integers(min_value=2**64, max_value=2**100).map(lambda it: PolicyFile("huge iter", _huge_iter(it))),
+        ).map(lambda kv: PolicyFile(kv[0], _safetensors(**kv[1]))),
+        st.builds(lambda: PolicyFile("tensors of another network", _wrong_network())),
+        st.builds(lambda: PolicyFile("tensors of other shapes", _other_shapes())),
+        st.builds(lambda: PolicyFile("NaN weights", _nan_weights())),
+        st.builds(lambda: PolicyFile("lying header length", _lying_header_length())),
+        st.integers(min_value=2**64, max_value=2**100).map(
+            lambda it: PolicyFile("huge version", _safetensors(policy_version=str(it)))
+        ),
         st.sampled_from(["fifo", "directory", "symlink out"]).map(lambda k: PolicyFile(k, None)),
     )
 
 
 def policy_file_examples(marker: str) -> list[PolicyFile]:
     """One file of every kind :func:`policy_files` draws from, for a deterministic first pass."""
-    import torch
-
-    full = _torch_bytes(_good_policy())
+    full = _safetensors()
     return [
         PolicyFile("malicious pickle (protocol 2)", pickle.dumps(_Evil(marker), protocol=2)),
         PolicyFile("malicious pickle inside a torch zip", _evil_inside_torch_zip(marker)),
-        PolicyFile("truncated checkpoint (last byte missing)", full[:-1]),
+        PolicyFile("truncated policy (last byte missing)", full[:-1]),
         PolicyFile("random bytes", bytes(range(256))),
         PolicyFile("empty file", b""),
-        PolicyFile("wrong layout (list)", _torch_bytes([1, 2, 3])),
-        PolicyFile("wrong layout (model not a map)", _torch_bytes({"model": [1], "iter": 1})),
-        PolicyFile("wrong layout (iter a string)", _torch_bytes({"model": {}, "iter": "7"})),
-        PolicyFile("wrong layout (a bare tensor)", _torch_bytes(torch.zeros(3))),
-        PolicyFile("state_dict of another network", _wrong_network()),
-        PolicyFile("huge iter", _huge_iter(2**64)),
+        PolicyFile("torch checkpoint of the right network", _torch_bytes(_good_weights())),
+        PolicyFile("header of another format", _safetensors(**{"warren.format": "0"})),
+        PolicyFile("header of another env", _safetensors(spaces_digest="0123456789abcdef")),
+        PolicyFile("header of another algorithm", _safetensors(algorithm="sac")),
+        PolicyFile("header with a version that is no count", _safetensors(policy_version="7.5")),
+        PolicyFile("tensors of another network", _wrong_network()),
+        PolicyFile("tensors of other shapes", _other_shapes()),
+        PolicyFile("NaN weights", _nan_weights()),
+        PolicyFile("lying header length", _lying_header_length()),
+        PolicyFile("huge version", _safetensors(policy_version=str(2**64))),
         PolicyFile("fifo", None),
         PolicyFile("directory", None),
         PolicyFile("symlink out", None),
     ]
-
-
-def _wrong_network() -> bytes:
-    import torch
-
-    return _torch_bytes({"model": {"weight": torch.zeros(3, 3)}, "iter": 1})
-
-
-def _huge_iter(iteration: int) -> bytes:
-    doc = _good_policy()
-    doc["iter"] = iteration
-    return _torch_bytes(doc)

@@ -66,16 +66,10 @@ class InProcessJob:
         self.spaces = job.spaces
         self.layout = ChunkLayout.of(self.spaces, self.algorithm.columns())
         self.learner: Learner = self.algorithm.make_learner(self.seed)
-        self._plugin = env_plugin(installed(), job.env.plugin, job.env.plugin_version)
-        self.envs = self._envs(job.env.collector_env_num, self.seed)
+        self.envs = job_envs(job, job.env.collector_env_num, self.seed)
         self.env_steps = 0
         self.updates = 0
         self._snapshot = self.publish()
-
-    def _envs(self, num_envs: int, seed: int) -> VecEnvBatch:
-        return VecEnvBatch(
-            self._plugin, make_env_context(self.job.env.id, num_envs, kwargs=self.job.env.kwargs, seed=seed)
-        )
 
     def publish(self) -> PolicySnapshot:
         """Make the learner's current weights the ones actors load (the distributed job's policy file)."""
@@ -113,7 +107,7 @@ class InProcessJob:
     def evaluate(self, seed: int | None = None) -> float:
         """The mean return of one eval task of the job with the published weights (fresh envs)."""
         spec = self.job.eval_spec()
-        envs = self._envs(spec.env.env_num, spec.env.seed if seed is None else seed)
+        envs = job_envs(self.job, spec.env.env_num, spec.env.seed if seed is None else seed)
         try:
             rollout = Rollout(spec, self.algorithm, envs, _NullSink(), self, stop=threading.Event())
             rollout.run()
@@ -123,3 +117,9 @@ class InProcessJob:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def job_envs(job: JobConfig, num_envs: int, seed: int | None) -> VecEnvBatch:
+    """``num_envs`` envs of the job's env, made by its env plug-in as a collector makes them."""
+    plugin = env_plugin(installed(), job.env.plugin, job.env.plugin_version)
+    return VecEnvBatch(plugin, make_env_context(job.env.id, num_envs, kwargs=job.env.kwargs, seed=seed))

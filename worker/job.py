@@ -77,15 +77,13 @@ def default_stop_value(env_id: str, plugin: str | None = None) -> float:
     """
     if plugin in (None, GYMNASIUM) and env_id in STOP_VALUES:
         return STOP_VALUES[env_id]
-    threshold = None
-    if plugin in (None, GYMNASIUM):
-        import gymnasium as gym  # here, not at import: only the roles that read a job need it
-
-        if env_id in gym.registry:
-            threshold = gym.spec(env_id).reward_threshold
+    try:
+        threshold = env_plugin(installed(), plugin).reward_threshold(env_id)
+    except TaskError as exc:
+        raise ConfigurationError(f"the job cannot run: {exc.message}") from None
     if threshold is None:
         raise ConfigurationError(
-            f"env {env_id!r} has no reward_threshold in its gymnasium spec: give a stop value "
+            f"env {env_id!r} has no reward_threshold: give a stop value "
             "(--stop-value, or stop_value in [env]; inf runs until a budget ends the run)"
         )
     return float(threshold)
@@ -311,11 +309,20 @@ class JobConfig:
         """
         known = {*_SECTIONS, "algorithm", "model", "spaces"}
         for name in data:
+            if name == "learner_process":
+                raise ConfigurationError(
+                    "[learner_process] is now [learner] (the algorithm's settings are in [algorithm])"
+                )
             if name not in known:
                 raise ConfigurationError(f"unknown config section [{name}]; known: {sorted(known)}")
         env = dict(data.get("env", {}))
+        no_stop_value: ConfigurationError | None = None
         if "stop_value" not in env and isinstance(env.get("id", EnvSection.id), str):
-            env["stop_value"] = default_stop_value(env.get("id", EnvSection.id), env.get("plugin"))
+            try:
+                env["stop_value"] = default_stop_value(env.get("id", EnvSection.id), env.get("plugin"))
+            except ConfigurationError as exc:
+                # Said only once the env is known to run: for an unknown or unusable env, that is the news.
+                no_stop_value, env["stop_value"] = exc, math.inf
         sections: dict[str, Any] = {}
         for name, section_type in _SECTIONS.items():
             sections[name] = _section(name, section_type, env if name == "env" else data.get(name, {}))
@@ -326,7 +333,10 @@ class JobConfig:
                 sections["spaces"] = Spaces.from_wire(data["spaces"])
             except TaskError as exc:
                 raise ConfigurationError(f"[spaces]: {exc.message}") from None
-        return cls(**sections)
+        job = cls(**sections)
+        if no_stop_value is not None:
+            raise no_stop_value
+        return job
 
     def warnings(self) -> list[str]:
         """What in this job is legal but most likely a mistake (for the roles to log at start)."""
@@ -428,7 +438,10 @@ def _section(name: str, section_type: type, raw: Any) -> Any:
     known = {f.name for f in fields(section_type)}
     unknown = set(raw) - known
     if unknown:
-        raise ConfigurationError(f"unknown keys in [{name}]: {sorted(unknown)}; known: {sorted(known)}")
+        moved = (
+            " (an algorithm's settings, such as lr or learning_starts, go in [algorithm])" if name == "learner" else ""
+        )
+        raise ConfigurationError(f"unknown keys in [{name}]: {sorted(unknown)}; known: {sorted(known)}{moved}")
     hints = typing.get_type_hints(section_type)
     # job.json spells infinities as strings (JSON has none): read them back as floats.
     values = {k: float(v) if hints[k] is float and v in ("inf", "-inf") else v for k, v in raw.items()}

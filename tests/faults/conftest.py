@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from messaging import BrokerLink, MetadataConsumer, Names, Settings
 from tests.procs import Proc, role_env, wait_for_queue
 from worker.errors import StorageError
 from worker.job import JobConfig
-from worker.rl.policy import QNetwork
 from worker.storage import PolicyStore, StepStore
 
 
@@ -97,9 +95,10 @@ class Cluster:
 
     def write_initial_policy(self) -> None:
         """A policy file for runs without a learner (the test plays the learner)."""
-        hidden = JobConfig.load(self.job if self.job.exists() else None).learner.hidden_sizes
-        torch.manual_seed(0)
-        PolicyStore(self.policy).write("policy_main", QNetwork(4, 2, hidden).state_dict(), 0)
+        job = JobConfig.load(self.job if self.job.exists() else None)
+        weights = job.bound.make_learner(seed=0).actor_weights()  # what the job's learner publishes first
+        header = {"algorithm": job.algorithm.name, "spaces_digest": job.spaces.digest}  # type: ignore[union-attr]
+        PolicyStore(self.policy).write(job.coordinator.policy_name, weights, 0, header)
 
     def records(self, kind: str) -> list[dict[str, Any]]:
         if not self.run_log.exists():

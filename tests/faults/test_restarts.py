@@ -141,7 +141,7 @@ def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> No
     # Given a run with no budget in sight (so it cannot end before the faults)
     cluster.write_job(
         "[coordinator]\ncollect_tasks = 2\nmax_time_s = 600.0\nmax_env_steps = 1000000000\n"
-        "[learner]\nlearning_starts = 200\n"
+        "[algorithm]\nlearning_starts = 200\n"
     )
     learner = cluster.learner()
     for i in range(2):
@@ -154,7 +154,9 @@ def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> No
     learner.kill()
     time.sleep(1.0)
     learner = cluster.learner()
-    broker_admin.wait_until(lambda: "resumed from policy iter" in learner.log(), 60, "the learner to resume")
+    broker_admin.wait_until(
+        lambda: "resumed from the checkpoint at policy version" in learner.log(), 60, "the learner to resume"
+    )
     # and the coordinator is killed mid-run and started again on the same run log, with a budget
     before = cluster.records("checkpoint")[-1]
     coordinator.signal(signal.SIGKILL)
@@ -168,7 +170,7 @@ def test_learner_and_coordinator_restarts_resume_the_run(cluster: Cluster) -> No
     assert "resumed the run" in coordinator.log()
     assert summary["env_steps"] >= budget
     assert summary["tasks_done"] > before["tasks_done"]
-    resumed_iter = int(learner.log().split("resumed from policy iter ")[1].split()[0])
+    resumed_iter = int(learner.log().split("resumed from the checkpoint at policy version ")[1].split()[0])
     assert resumed_iter > 0
     record(
         "learner SIGKILL + restart, coordinator SIGKILL + restart",

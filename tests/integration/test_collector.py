@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -17,9 +18,10 @@ import torch
 from messaging import BrokerLink, MetadataConsumer, Names, RemoteError, RpcClient, Settings
 from tests.broker_admin import close_connections, connections, wait_until
 from tests.procs import Proc, role_env, wait_for_queue
+from tests.rl_builders import bound
 from tests.tasks import drain_data_tasks, start_task
+from worker.plugins import Spaces, installed
 from worker.protocol import close_task
-from worker.rl.policy import QNetwork
 from worker.storage import PolicyStore, StepStore
 
 pytestmark = pytest.mark.rabbitmq
@@ -74,10 +76,15 @@ def client(settings: Settings) -> Iterator[RpcClient]:
         yield rpc
 
 
+DQN_POLICY = {"type": "dqn", "model_config": {"hidden_sizes": [64, 64]}}
+
+
 def write_policy(volume: Path, iteration: int, seed: int = 0) -> None:
-    torch.manual_seed(seed)
-    net = QNetwork(4, 2, (64, 64))
-    PolicyStore(volume / "policy").write(POLICY, net.state_dict(), iteration)
+    """A learner's policy file for the tasks' DQN (64x64 mlp on CartPole), with its header."""
+    spaces = Spaces(gym.make("CartPole-v1").observation_space, gym.spaces.Discrete(2))
+    net = bound("dqn", spaces, {"hidden_sizes": [64, 64]}).q_network(seed)  # type: ignore[attr-defined]
+    header = {"algorithm": "dqn", "spaces_digest": spaces.digest}
+    PolicyStore(volume / "policy").write(POLICY, net.state_dict(), iteration, header)
 
 
 def test_whole_protocol_resource_start_data_close(
@@ -92,6 +99,9 @@ def test_whole_protocol_resource_start_data_close(
     assert resource["cpu"] == len(os.sched_getaffinity(0))
     assert resource["gpu"] == torch.cuda.device_count()
     assert resource["worker_id"] == "w1" and resource["busy"] is False
+    # and the plug-ins it can run: every installed one (WARREN_PLUGINS="*"), at its version
+    assert resource["plugins"] == installed().inventory()
+    assert {"dqn", "random"} <= set(resource["plugins"]["algorithms"])
     # start
     started = client.call(tasks, start_body("task-a"))
     assert started["message"] == "collector task has started"
@@ -110,8 +120,9 @@ def test_whole_protocol_resource_start_data_close(
         chunk = store.read(meta["data_id"], wait_s=0)
         rows = (meta["unroll_len"], meta["env_num"])
         assert chunk.count == rows[0] and rows[1] == 3
-        assert chunk.fields["obs"].shape == (*rows, 4) and chunk.fields["obs"].dtype == np.float32
-        assert chunk.fields["next_obs"].shape == (*rows, 4)
+        assert set(chunk.fields) == {"obs", "action", "reward", "done", "truncated", "valid"}
+        # observations have one row more: the one after the last step closes the chunk
+        assert chunk.fields["obs"].shape == (rows[0] + 1, 3, 4) and chunk.fields["obs"].dtype == np.float32
         assert chunk.fields["action"].shape == rows and chunk.fields["action"].dtype == np.int64
         assert chunk.fields["done"].dtype == chunk.fields["valid"].dtype == np.bool_
         assert int(chunk.fields["valid"].sum()) == meta["sample_count"]
@@ -160,7 +171,7 @@ def test_a_new_policy_file_mid_task_raises_policy_iter(
     start_worker("w1")
     body = start_body(
         "task-policy",
-        policy={"type": "dqn", "hidden_sizes": [64, 64]},
+        policy=DQN_POLICY,
         n_episode=None,
         n_sample=100_000,
         policy_update_path=POLICY,
@@ -270,16 +281,49 @@ def test_bad_tasks_are_refused_clearly_and_the_worker_keeps_serving(
         body = start_body("t-path", policy={"type": "dqn"}, policy_update_path=path, collect_setting={"eps": 0.1})
         assert refused(tasks, body).result == {"message": "unsafe path"}
     assert "task_id" in refused(tasks, start_body("../escape")).message
+    # Plug-ins: a name or a version this worker lacks is a refusal naming both, for this worker only
+    lacking = refused(tasks, start_body("t-algo", policy={"type": "a3c"}))
+    assert lacking.result == {
+        "message": "missing plugin",
+        "worker_id": "w1",
+        "plugin": {"kind": "algorithm", "name": "a3c", "version": None},
+        "have": None,
+    }
+    assert "worker w1" in lacking.message and "'a3c' is not installed here" in lacking.message
+    have = installed().inventory()["algorithms"]["random"]
+    other = refused(tasks, start_body("t-version", policy={"type": "random", "version": "0.0.0-old"}))
+    assert other.result["message"] == "missing plugin" and other.result["have"] == have
+    assert (
+        refused(tasks, start_body("t-model", policy={**DQN_POLICY, "model": "cnn"})).result["plugin"]["name"] == "cnn"
+    )
+    # an algorithm that cannot use the env's spaces, or spaces other than the env's: refused naming both
+    continuous = refused(
+        tasks, start_body("t-box", env={"id": "MountainCarContinuous-v0", "env_num": 1}, policy=DQN_POLICY)
+    )
+    assert continuous.result == {"message": "unsupported env"}
+    assert "algorithm 'dqn' cannot run this env" in continuous.message and "Box(1,) float32" in continuous.message
+    five = Spaces(gym.spaces.Box(-1.0, 1.0, (5,), np.float32), gym.spaces.Discrete(2)).to_wire()
+    differs = refused(tasks, start_body("t-spaces", spaces=five))
+    assert differs.result == {"message": "unsupported env"} and "another version of the env?" in differs.message
+    # settings the algorithm refuses, and a learning one with nowhere to read weights from
+    eps = refused(
+        tasks, start_body("t-eps", policy=DQN_POLICY, policy_update_path=POLICY, collect_setting={"eps": 2.0})
+    )
+    assert eps.result == {"message": "bad collector_cfg"} and "collect_setting.eps" in eps.message
+    nowhere = refused(tasks, start_body("t-nowhere", policy=DQN_POLICY, collect_setting={"eps": 0.1}))
+    assert nowhere.result == {"message": "bad collector_cfg"} and "policy_update_path is missing" in nowhere.message
+    lr = refused(tasks, start_body("t-lr", policy={**DQN_POLICY, "config": {"lr": -1}}, policy_update_path=POLICY))
+    assert lr.result == {"message": "bad collector_cfg"} and "algorithm.lr" in lr.message
     # A policy file that is a malicious pickle: the task fails with a clear error, nothing runs.
     marker = Path("/tmp/warren-pwned-by-policy")
     marker.unlink(missing_ok=True)
     (volume / "policy" / POLICY).write_bytes(pickle.dumps({"model": _Evil(), "iter": 1}))
-    body = start_body("t-evil", policy={"type": "dqn"}, policy_update_path=POLICY, collect_setting={"eps": 0.1})
+    body = start_body("t-evil", policy=DQN_POLICY, policy_update_path=POLICY, collect_setting={"eps": 0.1})
     started = client.call(tasks, body)
     items = drain_data_tasks(client, started["control_queue"])
     assert "error" in items[-1] and items[-1]["collector_done"] is True
     finish = client.call(started["control_queue"], {"name": "collector_close_task"})
-    assert "policy" in finish["error"]
+    assert "no usable policy file" in finish["error"] and "not a safetensors file" in finish["error"]
     assert finish["collector_done"] is True  # a failed task is over, as its final info said
     assert not marker.exists()
     # The same worker still serves a good task.
@@ -425,3 +469,46 @@ def test_a_start_whose_caller_left_is_undone(
             lambda: not keeper.call(names.collector_tasks, {"name": "resource"})["busy"], 30, "the worker to be free"
         )
         wait_until(lambda: not link.queue_exists(names.metadata("orphan-1")), 10, "the orphan's queue to go")
+
+
+def test_a_task_closed_mid_run_ships_its_partial_chunk(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, link: BrokerLink
+) -> None:
+    # Given a long task with big chunks (a chunk ships every 4096 steps or 0.5 s)
+    start_worker("w1")
+    started = client.call(
+        Names(settings.prefix).collector_tasks, start_body("task-partial", n_episode=10**6, traj_len=4096)
+    )
+    consumer = MetadataConsumer(link, started["metadata_queue"], prefetch=64)
+    time.sleep(0.3)
+    # When it is closed mid-run
+    finish = client.call(started["control_queue"], close_task("task-partial"))
+    # Then the stream holds every sample the close reply counts: the partial chunk was not dropped
+    messages = []
+    while (item := consumer.get(2.0)) is not None:
+        messages.append(item.message)
+        item.ack()
+    shipped = sum(m["sample_count"] for m in messages if "data_id" in m)
+    assert finish["sample_count"] > 0 and shipped == finish["sample_count"] == finish["step_count"]
+    assert messages[-1]["cur_sample"] == finish["sample_count"]
+
+
+def test_a_resource_broadcast_reaches_every_collector_through_the_roster_exchange(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings
+) -> None:
+    # Given two workers (each binds its control queue to the roster exchange)
+    start_worker("w1")
+    start_worker("w2")
+    # When one resource request goes to the exchange
+    correlation_id = client.broadcast(Names(settings.prefix).collector_roster, {"name": "resource"}, timeout_s=10)
+    replies: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 20
+    while len(replies) < 2 and time.monotonic() < deadline:
+        replies += client.gathered(correlation_id)
+        time.sleep(0.05)
+    # Then both answered, each once, with its plug-ins; and a finished broadcast gathers nothing more
+    assert sorted(r["worker_id"] for r in replies) == ["w1", "w2"]
+    assert all(r["plugins"] == installed().inventory() for r in replies)
+    time.sleep(0.5)
+    assert client.gathered(correlation_id, done=True) == []
+    assert client.gathered(correlation_id) == []

@@ -563,7 +563,24 @@ def fixed_probes() -> list[Probe]:
         path("sub/policy"),
         env("NoSuchEnv-v0"),
         env("os:system"),
-        env("Pendulum-v1"),
+        fs.Body(
+            "continuous actions for dqn (Pendulum-v1)",
+            start(lambda c: c["env"].update(id="Pendulum-v1"), dqn=True),
+            fs.codes(Refusal.UNSUPPORTED_ENV),
+            "algorithm 'dqn' cannot run this env",
+        ),
+        fs.Body(
+            "missing algorithm plug-in",
+            start(lambda c: c["policy"].update(type="a3c")),
+            fs.codes(Refusal.MISSING_PLUGIN),
+            "algorithm plug-in 'a3c' is not installed here",
+        ),
+        fs.Body(
+            "algorithm plug-in of another version",
+            start(lambda c: c["policy"].update(version="0.0.0-other"), dqn=True),
+            fs.codes(Refusal.MISSING_PLUGIN),
+            "the task wants 0.0.0-other",
+        ),
         fs.Body(
             "unknown env id (eval task)",
             start(lambda c: c.update(eval_flag=True, env={"id": "NoSuchEnv-v0", "env_num": 1})),
@@ -603,6 +620,15 @@ REFUSALS: dict[str, tuple[Callable[[dict[str, Any]], None], Refusal]] = {
     ),
     "continuous actions": (lambda c: c["env"].update(id="Pendulum-v1"), Refusal.UNSUPPORTED_ENV),
     "policy.type an array": (lambda c: c["policy"].update(type=np.arange(3)), Refusal.BAD_COLLECTOR_CFG),
+    "an algorithm this worker lacks": (lambda c: c["policy"].update(type="a3c"), Refusal.MISSING_PLUGIN),
+    "a model of another version": (lambda c: c["policy"].update(model_version="0.0.0-x"), Refusal.MISSING_PLUGIN),
+    "spaces other than the env's": (
+        lambda c: c.update(
+            spaces={"observation": {"kind": "Discrete", "n": 3}, "action": {"kind": "Discrete", "n": 2}}
+        ),
+        Refusal.UNSUPPORTED_ENV,
+    ),
+    "a dqn task with nowhere to read weights": (lambda c: c.pop("policy_update_path"), Refusal.BAD_COLLECTOR_CFG),
 }
 
 
@@ -739,12 +765,11 @@ def policy_case_problems(client: RpcClient, names: Names, case: PolicyFile, body
 
 
 def _good_policy_file(policy_dir: Path, name: str) -> str:
-    import torch
+    from tests.fuzz_strategies import _good_weights, _header
 
-    from worker.rl.policy import QNetwork
-
-    torch.manual_seed(1)
-    PolicyStore(policy_dir).write(name, QNetwork(4, 2, (64, 64)).state_dict(), 3)
+    header = _header()
+    del header["warren.format"], header["policy_version"]  # the store writes those
+    PolicyStore(policy_dir).write(name, _good_weights(), 3, header)
     return name
 
 
@@ -775,8 +800,7 @@ def _write_step_file(data: Path, data_id: str, kind: str) -> None:
     store = StepStore(data)
     k, n = 4, 2
     fields: dict[str, Any] = {
-        "obs": np.zeros((k, n, 4), np.float32),
-        "next_obs": np.zeros((k, n, 4), np.float32),
+        "obs": np.zeros((k + 1, n, 4), np.float32),  # T + 1 rows: the last closes the chunk
         "action": np.zeros((k, n), np.int64),
         "reward": np.ones((k, n), np.float32),
         "done": np.zeros((k, n), np.bool_),
@@ -788,7 +812,9 @@ def _write_step_file(data: Path, data_id: str, kind: str) -> None:
     elif kind == "action out of range":
         fields["action"][:] = 7
     elif kind == "wrong obs dim":
-        fields["obs"] = fields["next_obs"] = np.zeros((k, n, 9), np.float32)
+        fields["obs"] = np.zeros((k + 1, n, 9), np.float32)
+    elif kind == "obs without the closing row":
+        fields["obs"] = np.zeros((k, n, 4), np.float32)
     elif kind == "missing field":
         del fields["reward"]
     elif kind == "junk bytes":
@@ -809,6 +835,7 @@ STEP_FILE_KINDS = (
     "nan obs",
     "action out of range",
     "wrong obs dim",
+    "obs without the closing row",
     "missing field",
     "junk bytes",
     "wrong document",
@@ -961,8 +988,8 @@ JOB_TOML = (
     "[collector]\nn_sample = 100000000\n"
     "[coordinator]\ncollect_tasks = 1\neval_interval_s = 3600.0\nmax_env_steps = 1000000000000\nmax_time_s = 900.0\n"
     "max_run_ahead_samples = 100000000\n"
-    "[learner_process]\nread_wait_s = 0.1\n"
-    "[learner]\nlearning_starts = 1000000000\n"  # no training: the learner only reads, so it keeps up
+    "[learner]\nread_wait_s = 0.1\n"
+    "[algorithm]\nlearning_starts = 1000000000\n"  # no training: the learner only reads, so it keeps up
 )
 
 
@@ -985,7 +1012,7 @@ def learner(settings: Settings, job_dir: Path, link: BrokerLink) -> Iterator[Pro
     )
     try:
         wait_started(proc, link, Names(settings.prefix).learner_data("main"))
-        wait_until(lambda: "learning from" in proc.log() or not proc.alive(), 60, "the learner to start")
+        wait_until(lambda: "learning dqn (mlp model) on" in proc.log() or not proc.alive(), 60, "the learner to start")
         assert proc.alive(), proc.log()[-3000:]
         yield proc
     finally:

@@ -179,7 +179,7 @@ def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path
     job.write_text(  # long tasks (few envs, many samples), so the three overlap for seconds
         "[env]\ncollector_env_num = 4\n[collector]\nn_sample = 20000\n"
         "[coordinator]\neval_interval_s = 3600.0\nmax_env_steps = 60000\nmax_run_ahead_samples = 1000000\n"
-        "[learner]\nlearning_starts = 100\n"
+        "[algorithm]\nlearning_starts = 100\n"
     )
     volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
     names = Names(settings.prefix)
@@ -250,14 +250,18 @@ def _run_command(
 
 
 @pytest.mark.parametrize(
-    ("env_id", "said"),
-    [("NotAnEnv-v0", "unknown env id 'NotAnEnv-v0'"), ("Pendulum-v1", "Discrete is required")],
+    ("args", "said"),
+    [
+        (("--env-id", "NotAnEnv-v0"), "unknown env id 'NotAnEnv-v0'"),
+        (("--env-id", "Pendulum-v1"), "algorithm 'dqn' cannot run this env: dqn needs Discrete actions"),
+        (("--algorithm", "a3c"), "algorithm plug-in 'a3c' is not installed here"),
+    ],
 )
-def test_a_job_whose_env_cannot_be_used_fails_before_any_child_starts(
-    settings: Settings, tmp_path: Path, env_id: str, said: str
+def test_a_job_whose_env_or_plugins_cannot_be_used_fails_before_any_child_starts(
+    settings: Settings, tmp_path: Path, args: tuple[str, ...], said: str
 ) -> None:
     started = time.monotonic()
-    done = _run_command(settings, tmp_path / "run", "--env-id", env_id)
+    done = _run_command(settings, tmp_path / "run", *args)
     assert done.returncode == 2  # a job that cannot run is a configuration error
     assert said in done.stderr
     assert time.monotonic() - started < 30  # not the 30-minute budget
@@ -337,7 +341,7 @@ def test_a_collector_started_elsewhere_joins_a_named_run(settings: Settings, tmp
     job = tmp_path / "job.toml"
     job.write_text(
         "[env]\ncollector_env_num = 4\n[collector]\nn_sample = 8000\n"
-        "[coordinator]\neval_interval_s = 3600.0\nmax_run_ahead_samples = 1000000\n[learner]\nlearning_starts = 100\n"
+        "[coordinator]\neval_interval_s = 3600.0\nmax_run_ahead_samples = 1000000\n[algorithm]\nlearning_starts = 100\n"
     )
     # Run elsewhere than the source tree, the run must still import this tree's warren.
     source = str(Path(__file__).resolve().parents[2])

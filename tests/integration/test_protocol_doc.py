@@ -53,8 +53,10 @@ def test_every_queue_declared_as_documented_is_what_warren_declares(settings: Se
     declarations = documented_declarations(queue_type)
     assert {name for _, name, _, _ in declarations} >= {
         "P.collector.tasks", "P.collector.control.<id>", "P.metadata.<task_id>", "P.learner.<buffer_id>",
-        "P.reply.<client_id>", "P.dead-letter", "P.dlx",
+        "P.reply.<client_id>", "P.dead-letter", "P.dlx", "P.collector.roster",
     }  # fmt: skip
+    # (the doc says where each control queue is bound: to the roster every resource broadcast goes to)
+    assert re.search(r"control queue is bound to `P\.collector\.roster`", DOC.read_text())
     names = Names.of(settings)
     # Given a client that declares everything exactly as the doc says, on its own connection
     connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
@@ -73,10 +75,13 @@ def test_every_queue_declared_as_documented_is_what_warren_declares(settings: Se
                     auto_delete="auto-delete" in flags,
                     arguments=arguments,
                 )
-        # When warren declares the same queues (the exclusive one on the same connection:
-        # it is the worker's own), nothing differs
-        channel.queue_declare(names.collector_control("doc1"), passive=True)
+        control = names.collector_control("doc1")
+        channel.queue_bind(control, names.collector_roster)
+        # When warren declares the same queues (the control queue, its exchange and binding
+        # included), nothing differs
+        channel.queue_declare(control, passive=True)
         with BrokerLink(settings, "doc-check") as link:
+            link.declare(names.collector_control_decl("doc1"), remember=False)
             link.declare(names.collector_tasks_decl())
             link.declare(names.learner_data_decl("doc1"))
             link.declare(
@@ -88,6 +93,10 @@ def test_every_queue_declared_as_documented_is_what_warren_declares(settings: Se
             )
             link.declare(names.reply_decl("doc1", expires_s=Settings().reply_queue_expires_s))
             link.declare(names.dead_letter_queue_decl())
+            # and a request published to the roster reaches the control queue the doc's client declared
+            link.publish("", b"\x80", exchange=names.collector_roster, mandatory=False)
+        method, _, body = channel.basic_get(control, auto_ack=True)
+        assert method is not None and body == b"\x80", "a roster broadcast did not reach the control queue"
         decl = names.collector_control_decl("doc1")
         channel.queue_declare(
             decl.name,

@@ -6,10 +6,13 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from benchmarks import runner
-from benchmarks.case_collector import controller_weights
+from benchmarks.case_collector import CONTROLLER, bench_job, controller_weights, random_weights
+from benchmarks.case_scaling import collect_cfg
 from benchmarks.case_stream import TARGET_BYTES, metadata_message
 from benchmarks.common import alternate
 from benchmarks.stats import Row, Series, fmt_number, format_table, largest_gap, percentile
@@ -93,10 +96,26 @@ def test_stream_messages_are_metadata_sized() -> None:
     assert abs(len(codec.encode(metadata_message(7))) - TARGET_BYTES) <= 4
 
 
-def test_controller_weights_fit_the_default_q_network() -> None:
+def test_controller_weights_fit_the_jobs_q_network_and_push_the_way_the_pole_leans() -> None:
+    # Given the benchmark's hand-made weights, loaded strictly into an actor of the shipped job
     weights = controller_weights()
     assert all(not t.requires_grad for t in weights.values())
-    assert "net.0.weight" in weights
+    actor = bench_job().bound.make_actor(seed=0)
+    actor.load_weights(weights)
+    # Then it pushes right exactly when CONTROLLER . s > 0 (away from where the pole falls)
+    obs = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
+    actions, _ = actor.act(obs, explore=False, settings={})
+    np.testing.assert_array_equal(actions, (obs @ np.array(CONTROLLER, np.float32) > 0).astype(np.int64))
+    assert set(random_weights()) == set(weights)
+    assert not torch.equal(random_weights()["head.weight"], weights["head.weight"])
+
+
+def test_the_scaling_case_sends_the_jobs_collect_task() -> None:
+    from worker.protocol import CollectorSpec
+
+    spec = CollectorSpec.from_wire(collect_cfg(1000))
+    assert (spec.n_sample, spec.env.env_num, spec.traj_len, spec.collect_setting) == (1000, 64, 64, {"eps": 1.0})
+    assert spec.policy == bench_job().policy_spec() and spec.spaces == bench_job().spaces
 
 
 def test_results_go_only_to_out_when_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

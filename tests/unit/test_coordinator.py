@@ -20,9 +20,11 @@ from worker.config import CoordinatorConfig
 from worker.coordinator import driver as driver_module
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
 from worker.coordinator.loop import Coordinator
+from worker.coordinator.roster import Requirement, Roster
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State
 from worker.job import JobConfig
+from worker.plugins import installed
 from worker.protocol import DataItem, FinishInfo, InfoItem, Refusal, StartReply, StartTask, TaskName
 
 PREFIX = "p"
@@ -416,7 +418,10 @@ def test_a_restarted_coordinator_resumes_from_the_run_log(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("refusal", list(Refusal))
 def test_every_refusal_code_says_whether_retrying_can_help(refusal: Refusal) -> None:
+    # A missing plug-in is permanent for the worker that said it, not for the job: another may have it.
+    assert refusal.worker_specific is (refusal is Refusal.MISSING_PLUGIN)
     transient = {
+        Refusal.MISSING_PLUGIN,
         Refusal.WORKER_BUSY,
         Refusal.NO_DATA_YET,
         Refusal.NO_RUNNING_COLLECTOR,
@@ -522,3 +527,149 @@ def test_a_task_started_twice_is_closed_where_nobody_follows_it(tmp_path: Path) 
     assert closes[0].correlation_id in bus.abandoned
     assert coordinator.driver.tasks[task_id].state is State.RUNNING
     assert coordinator.driver.tasks[task_id].worker_id == "w1"
+
+
+# -- the roster: which workers can run the job --------------------------------------------
+
+
+def everything() -> dict[str, dict[str, str]]:
+    """The plug-ins of a worker with warren's built-ins at this version (what the job's tasks name)."""
+    return installed().inventory()
+
+
+def without_dqn() -> dict[str, dict[str, str]]:
+    plugins = everything()
+    return {**plugins, "algorithms": {k: v for k, v in plugins["algorithms"].items() if k != "dqn"}}
+
+
+def heard(coordinator: Coordinator) -> None:
+    """Let the roster send its ``resource`` broadcast and take in the answers (two refreshes)."""
+    coordinator.roster.refresh()
+    coordinator.roster.refresh()
+
+
+def test_the_roster_asks_every_collector_for_its_plugins_and_the_shared_queue_serves_capable_workers(
+    tmp_path: Path,
+) -> None:
+    # Given two workers listening that both have the job's plug-ins at its versions
+    coordinator, bus = make(tmp_path, idle=2, max_run_ahead_samples=10**6)
+    bus.listening("w1", plugins=everything())
+    bus.listening("w2", plugins=everything())
+    # When the coordinator runs two turns
+    coordinator.turn()
+    coordinator.turn()
+    # Then it broadcast a resource request to the roster exchange (not to a queue of tasks)
+    assert [b.body for b in bus.broadcasts] == [{"name": TaskName.RESOURCE.value}]
+    assert all(s.body.get("name") != TaskName.RESOURCE.value for s in bus.sent)
+    # and, nobody lacking anything, the starts went to the shared task queue as always
+    assert not coordinator.roster.mixed and coordinator.roster.lacking == {}
+    assert {s.queue for s in bus.starts()} == {"p.collector.tasks"} and len(bus.starts()) == 2
+
+
+def test_once_a_worker_lacks_the_jobs_algorithm_starts_go_only_to_workers_that_have_it(tmp_path: Path) -> None:
+    # Given w1 with every built-in, and w2 without dqn (the job's algorithm)
+    coordinator, bus = make(tmp_path, idle=2, max_run_ahead_samples=10**6)
+    bus.listening("w1", plugins=everything())
+    bus.listening("w2", plugins=without_dqn())
+    heard(coordinator)
+    # When the coordinator fills its slots
+    coordinator.turn()
+    coordinator.turn()
+    # Then w2 is marked with the reason, and the one task that can run went straight to w1's control queue
+    assert "w2" in coordinator.roster.lacking and "dqn" in coordinator.roster.lacking["w2"]
+    assert [s.queue for s in bus.starts()] == ["p.collector.control.w1"]
+    (task,) = coordinator.driver.tasks.values()
+    assert task.target_worker == "w1"
+    assert not coordinator._finished()
+
+
+def test_a_worker_with_another_version_of_a_plugin_counts_as_lacking_it(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=2)
+    plugins = everything()
+    bus.listening("w1", plugins=everything())
+    bus.listening("old", plugins={**plugins, "models": {**plugins["models"], "mlp": "0.0.1-old"}})
+
+    heard(coordinator)
+
+    assert set(coordinator.roster.lacking) == {"old"}
+    assert "'mlp' 0.0.1-old" in coordinator.roster.lacking["old"]
+    assert [w.worker_id for w in coordinator.roster.capable()] == ["w1"]
+
+
+def test_a_worker_that_does_not_list_its_plugins_is_taken_to_have_them(tmp_path: Path) -> None:
+    # (a DI-engine worker: it refuses with "missing plugin" if not, see below)
+    coordinator, bus = make(tmp_path, idle=1)
+    bus.listening("di", plugins=None)
+    heard(coordinator)
+    assert not coordinator.roster.mixed and [w.worker_id for w in coordinator.roster.capable()] == ["di"]
+
+
+def test_a_missing_plugin_refusal_marks_that_worker_and_the_run_goes_on_elsewhere(tmp_path: Path) -> None:
+    # Given a worker the roster has not heard lacking anything, that refuses the first start
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    bus.listening("w1", plugins=everything())
+    coordinator.turn()
+    first = bus.starts()[0]
+    assert first.queue == "p.collector.tasks"
+    bus.refuse(first, Refusal.MISSING_PLUGIN.value, worker_id="w2", plugin={"kind": "algorithm", "name": "dqn"})
+    # When the refusal arrives
+    coordinator.turn()
+    # Then the run is not over (another worker may have the plug-in), w2 gets no more of its tasks,
+    # and the next start goes to w1, which can run it
+    assert not coordinator._finished() and coordinator.error is None
+    assert "w2" in coordinator.roster.lacking and coordinator.stats.tasks_rerun == 0
+    heard(coordinator)
+    coordinator._fill_after = 0.0
+    coordinator.turn()
+    assert [s.queue for s in bus.starts()] == ["p.collector.tasks", "p.collector.control.w1"]
+
+
+def test_when_no_worker_listening_can_run_the_job_the_run_ends_saying_what_they_lack(tmp_path: Path) -> None:
+    # Given the only worker listening lacks the job's algorithm
+    coordinator, bus = make(tmp_path, idle=1, start_timeout_s=0.01)
+    bus.listening("w2", plugins=without_dqn())
+    heard(coordinator)
+    coordinator.turn()
+    # Then nothing is started anywhere
+    assert bus.starts() == []
+    assert not coordinator._finished()  # not at once: a capable worker may still come
+    # and once that lasted start_timeout_s, the run ends as a failure naming the plug-in and the worker
+    time.sleep(0.02)
+    assert coordinator._finished() and not coordinator.success
+    assert coordinator.error is not None
+    assert "no worker listening can run this job" in coordinator.error
+    assert "w2" in coordinator.error and "'dqn'" in coordinator.error
+
+
+def test_a_start_for_a_worker_that_vanished_is_dropped_and_sent_to_another(tmp_path: Path) -> None:
+    # Given a mixed roster in which w1 can run the job
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    bus.listening("w1", plugins=everything())
+    bus.listening("w2", plugins=without_dqn())
+    heard(coordinator)
+    # When w1's control queue is gone by the time the start is sent
+    bus.alive.discard("p.collector.control.w1")
+    coordinator.turn()
+    # Then no start was sent and no task waits for an answer that cannot come
+    assert bus.starts() == [] and coordinator.driver.tasks == {}
+    # and when w1 is back, its next fill reaches it
+    bus.alive.add("p.collector.control.w1")
+    coordinator.turn()
+    assert [s.queue for s in bus.starts()] == ["p.collector.control.w1"]
+
+
+def test_the_roster_forgets_a_worker_that_missed_two_rounds() -> None:
+    # Given a roster that heard of a worker lacking the job's algorithm
+    bus = FakeBus()
+    bus.listening("w2", plugins=without_dqn())
+    roster = Roster(bus, (Requirement("algorithm", "dqn", None),), refresh_s=1.0)
+    roster.refresh(now=0.0)
+    roster.refresh(now=0.1)
+    assert roster.mixed
+    # When it stops answering for more than two rounds
+    bus.roster = []
+    for now in (1.0, 2.0, 3.0):
+        roster.refresh(now=now)
+    # Then it no longer counts either way, and each round's broadcast was closed before the next
+    assert not roster.mixed and roster.workers == {}
+    assert len(bus.broadcasts) == 4 and bus.finished_broadcasts == [b.correlation_id for b in bus.broadcasts[:3]]

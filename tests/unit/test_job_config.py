@@ -1,5 +1,8 @@
+"""The job: its file and flags, the plug-ins it names and pins, its spaces, the tasks it sends, its stop value."""
+
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -7,7 +10,9 @@ import gymnasium as gym
 import pytest
 
 from messaging import ConfigurationError
+from worker.algorithms.dqn import DQN, DQNConfig
 from worker.job import JobConfig
+from worker.plugins import PluginKind, config_to_dict, installed
 from worker.protocol import CollectorSpec
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.toml"
@@ -19,11 +24,53 @@ def test_the_shipped_config_file_spells_out_the_defaults() -> None:
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
-    path.write_text("[env]\nstop_value = 100.0\n[learner]\nlr = 0.0005\n")
-    config = JobConfig.load(path, **{"env.stop_value": 150.0, "coordinator.collect_tasks": None})
+    path.write_text("[env]\nstop_value = 100.0\n[algorithm]\nlr = 0.0005\n[model]\nhidden_sizes = [32]\n")
+    config = JobConfig.load(
+        path, **{"env.stop_value": 150.0, "coordinator.collect_tasks": None, "algorithm.batch_size": 64}
+    )
     assert config.env.stop_value == 150.0
-    assert config.learner.lr == 0.0005
     assert config.coordinator.collect_tasks == JobConfig().coordinator.collect_tasks
+    # the plug-ins' settings reach the bound algorithm, file and flag alike
+    assert (config.bound.config.lr, config.bound.config.batch_size) == (0.0005, 64)
+    assert config.bound.model.config.hidden_sizes == (32,)
+
+
+def test_the_job_names_and_pins_its_plugins_and_spells_out_their_settings() -> None:
+    # Given the default job (nothing but defaults)
+    job = JobConfig()
+    # Then it names the built-ins at the installed version: every task will ask for exactly these
+    plugins = installed()
+    assert (job.algorithm.name, job.algorithm.version) == ("dqn", plugins.get(PluginKind.ALGORITHM, "dqn").version)
+    assert (job.model.name, job.model.version) == ("mlp", plugins.get(PluginKind.MODEL, "mlp").version)
+    # and carries every hyperparameter, so job.json and the tasks say what ran, defaults included
+    assert job.algorithm.config == config_to_dict(DQNConfig())
+    assert job.model.config == {"hidden_sizes": [128, 128], "activation": "relu"}
+    # and the spaces, read off the env, so a learner needs no env to build its model
+    assert job.spaces is not None and job.spaces.describe() == "observations Box(4,) float32, actions Discrete(2)"
+    assert isinstance(job.bound, DQN) and job.bound.spaces == job.spaces
+
+
+def test_job_json_reads_back_to_the_same_job_with_its_pinned_versions_and_spaces(tmp_path: Path) -> None:
+    job = JobConfig.load(None, **{"algorithm.lr": 0.002, "model.hidden_sizes": [16, 16]})
+    path = tmp_path / "job.json"
+    path.write_text(job.to_json())
+
+    again = JobConfig.load(path)
+
+    assert again == job
+    assert json.loads(path.read_text())["spaces"] == job.spaces.to_wire()  # type: ignore[union-attr]
+
+
+def test_a_job_json_pinned_to_another_plugin_version_is_refused(tmp_path: Path) -> None:
+    # (a run's job.json replayed where another warren is installed: its tasks would all be refused)
+    data = JobConfig().to_dict()
+    data["algorithm"]["version"] = "0.0.0-elsewhere"
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ConfigurationError, match=r"algorithm plug-in 'dqn' is .* here, the task wants 0\.0\.0-elsewhere"
+    ):
+        JobConfig.load(path)
 
 
 @pytest.mark.parametrize(
@@ -31,7 +78,18 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     [
         ("[envs]\nid = 'x'\n", "unknown config section"),
         ("[env]\nstop_vlaue = 1\n", "unknown keys"),
-        ("[learner]\nlr = -1.0\n", r"\[learner\]"),
+        (
+            "[algorithm]\nlr = -1.0\n",
+            r"the job cannot run: algorithm: algorithm\.lr must be a number in \(0\.0, 1\.0\]",
+        ),
+        ("[algorithm]\nlr_typo = 0.1\n", r"algorithm: unknown keys \['lr_typo'\]"),
+        ("[algorithm]\ndouble_dqn = 1\n", r"algorithm\.double_dqn must be a bool"),
+        ("[algorithm]\nname = 'nope'\n", r"algorithm plug-in 'nope' is not installed here \(have: dqn, .*random"),
+        ("[algorithm]\nname = 3\n", r"\[algorithm\] name must be a string"),
+        ("[model]\nhidden_sizes = []\n", r"model\.hidden_sizes must be a list of 1 to 4 layer widths"),
+        ("[model]\nname = 'cnn'\n", r"model plug-in 'cnn' is not installed here"),
+        ("[learner]\nlr = 0.1\n", r"unknown keys in \[learner\]: \['lr'\]"),  # the process section now
+        ("[learner_process]\nread_wait_s = 1.0\n", r"\[learner_process\] is now \[learner\]"),
         ("not toml at all [", "cannot read config"),
         ("[env]\ncollector_env_num = 100000\n", "would be refused: collector_cfg.env.env_num"),
         ("[collector]\nupdate_policy_second = 0\n", "would be refused: collector_cfg.update_policy_second"),
@@ -47,10 +105,23 @@ def test_mistakes_in_a_config_file_are_configuration_errors(tmp_path: Path, text
 
 def test_task_bodies_are_valid_collector_configs() -> None:
     config = JobConfig()
-    collect = CollectorSpec.from_wire(config.collect_spec(0.25).to_wire())
-    assert collect.eps == 0.25 and not collect.eval_flag and collect.n_sample == config.collector.n_sample
+    collect = CollectorSpec.from_wire(config.collect_spec(0).to_wire())
+    assert not collect.eval_flag and collect.n_sample == config.collector.n_sample
+    assert collect.policy == config.policy_spec() and collect.spaces == config.spaces
+    assert collect.policy.type == "dqn" and collect.policy.version == config.algorithm.version
+    assert collect.policy.model_config == {"hidden_sizes": [128, 128], "activation": "relu"}
     evaluation = CollectorSpec.from_wire(config.eval_spec().to_wire())
     assert evaluation.eval_flag and evaluation.n_episode == config.env.eval_episodes
+    assert evaluation.collect_setting == {} and evaluation.spaces == config.spaces
+
+
+def test_collect_tasks_carry_the_algorithms_exploration_schedule() -> None:
+    # Given DQN's schedule: eps 1.0 at the start, decaying linearly to 0.05 over 10k env steps
+    config = JobConfig()
+    # Then each collect task says the eps of the env step count it started at
+    assert config.collect_spec(0).collect_setting == {"eps": 1.0}
+    assert config.collect_spec(5_000).collect_setting == {"eps": pytest.approx(0.525)}
+    assert config.collect_spec(10**9).collect_setting == {"eps": 0.05}
 
 
 # -- the stop value -----------------------------------------------------------------------
@@ -80,11 +151,14 @@ def test_an_env_without_a_reward_threshold_needs_a_stop_value() -> None:
 @pytest.mark.parametrize(
     ("env_id", "match"),
     [
-        ("Nope-v0", "would be refused: unknown env id 'Nope-v0': not in the gymnasium registry"),
-        ("Pendulum-v1", "would be refused: env 'Pendulum-v1' has action space Box"),
+        ("Nope-v0", "the job cannot run: unknown env id 'Nope-v0': not in the gymnasium registry"),
+        ("os:system", "the job cannot run: unknown env id 'os:system'"),
+        ("Pendulum-v1", r"the job cannot run: algorithm 'dqn' cannot run this env: dqn needs Discrete actions"),
+        ("Pendulum-v1", r"the env's actions are Box\(1,\) float32"),
     ],
 )
 def test_an_env_no_collector_would_run_is_refused_before_the_run(env_id: str, match: str) -> None:
+    # (with or without a stop value: for an env that cannot run, a missing stop value is not the news)
     for stop_value in (None, 10.0):
         with pytest.raises(ConfigurationError, match=match):
             JobConfig.load(None, **{"env.id": env_id, "env.stop_value": stop_value})

@@ -7,12 +7,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from messaging import decode, encode
 from worker.errors import TaskError
+from worker.plugins import Spaces
 from worker.protocol import (
     CollectorSpec,
     DataItem,
@@ -41,17 +44,40 @@ def over_the_wire(value: Any) -> Any:
     return decode(encode(value))
 
 
+names = st.none() | st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True)
+scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False)
+leaves = scalars | st.text(max_size=8)
+#: Plain data nested at most three levels deep (the wire allows four).
+plain = (
+    leaves | st.lists(leaves, max_size=3) | st.dictionaries(st.text(max_size=6), leaves | st.lists(leaves), max_size=3)
+)
+configs = st.dictionaries(st.text(min_size=1, max_size=10), plain, max_size=4)
+SPACES = Spaces(gym.spaces.Box(0, 255, (2, 3), np.uint8), gym.spaces.Discrete(3))
+
 specs = st.builds(
     CollectorSpec,
     env=st.builds(
         EnvSpec,
-        id=st.sampled_from(["CartPole-v1", "Acrobot-v1"]),
+        id=st.sampled_from(["CartPole-v1", "Acrobot-v1", "grid"]),
         env_num=st.integers(1, 64),
         seed=st.none() | st.integers(0, 2**32 - 1),
+        plugin=names,
+        plugin_version=names,
+        kwargs=configs,
     ),
-    policy=st.just(PolicySpec("random")),
+    policy=st.builds(
+        PolicySpec,
+        type=st.sampled_from(["random", "dqn", "reinforce"]),
+        version=names,
+        config=configs,
+        model=names,
+        model_version=names,
+        model_config=configs,
+    ),
+    spaces=st.none() | st.just(SPACES),
     n_sample=st.integers(1, 10**6),
     traj_len=st.integers(1, 4096),
+    collect_setting=st.dictionaries(st.text(min_size=1, max_size=6), st.floats(-1e6, 1e6), max_size=3),
     max_env_steps=st.integers(1, 10**9),
 )
 
@@ -70,6 +96,30 @@ def test_start_and_resource_replies_round_trip(worker_id: str, task_id: str) -> 
     assert StartReply.from_wire(over_the_wire(start.to_wire())) == start
     resource = ResourceReply(0, 2, worker_id, start.control_queue, busy=True, task_id=task_id)
     assert ResourceReply.from_wire(over_the_wire(resource.to_wire())) == resource
+    assert "plugins" not in resource.to_wire()  # (a DI-engine worker's reply, as before)
+    listed = ResourceReply(0, 2, worker_id, start.control_queue, busy=False, task_id=None, plugins=PLUGINS)
+    assert ResourceReply.from_wire(over_the_wire(listed.to_wire())) == listed
+
+
+PLUGINS = {"envs": {"gymnasium": "1.0"}, "models": {"mlp": "1.0"}, "algorithms": {"dqn": "1.0", "random": "1.0"}}
+
+
+def test_a_resource_reply_says_what_its_worker_lacks_of_a_plugin() -> None:
+    reply = ResourceReply(0, 2, "w7", "p.collector.control.w7", busy=False, task_id=None, plugins=PLUGINS)
+    assert reply.lacks("algorithm", "dqn", "1.0") is None and reply.lacks("algorithm", "dqn", None) is None
+    assert reply.lacks("algorithm", "ppo", None) == "worker w7 has no algorithm plug-in 'ppo'"
+    assert reply.lacks("model", "mlp", "2.0") == "worker w7 has model plug-in 'mlp' 1.0, the job needs 2.0"
+    assert reply.lacks("env", "atari", None) == "worker w7 has no env plug-in 'atari'"
+    # a worker that does not list its plug-ins is taken to have them (it refuses if it does not)
+    silent = ResourceReply(0, 2, "di", "p.collector.control.di", busy=False, task_id=None)
+    assert silent.lacks("algorithm", "anything", "9") is None
+
+
+@pytest.mark.parametrize("plugins", [[1, 2], {"algorithms": [1]}, "dqn"])
+def test_a_resource_reply_with_malformed_plugins_is_refused(plugins: Any) -> None:
+    wire = ResourceReply(0, 2, "w", "q", busy=False, task_id=None).to_wire() | {"plugins": plugins}
+    with pytest.raises(TaskError, match=r"malformed resource reply|plugins\.algorithms must be a map"):
+        ResourceReply.from_wire(wire)
 
 
 @given(

@@ -302,8 +302,12 @@ def _is_true(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
+#: Loaders of weights that cannot run code: what the policy reader must call.
+SAFE_WEIGHT_LOADERS = frozenset({"safetensors.torch.load", "safetensors.torch.load_file", "safetensors.safe_open"})
+
+
 def unsafe_calls(tree: ast.AST) -> tuple[list[Finding], int]:
-    """Unsafe deserialising calls in ``tree``, and how many ``torch.load`` calls were seen."""
+    """Unsafe deserialising calls in ``tree``, and how many weight loaders (``torch.load``, safetensors) were seen."""
     aliases = _aliases(tree)
     findings: list[Finding] = []
     torch_loads = 0
@@ -315,6 +319,8 @@ def unsafe_calls(tree: ast.AST) -> tuple[list[Finding], int]:
             continue
         if name in ALWAYS_UNSAFE:
             findings.append(Finding(node.lineno, name, "deserialises or runs arbitrary code"))
+        elif name in SAFE_WEIGHT_LOADERS:
+            torch_loads += 1
         elif name == "torch.load":
             torch_loads += 1
             if not _is_true(_keyword(node, "weights_only")):
@@ -355,12 +361,14 @@ def test_the_deserialisation_check_catches_what_it_looks_for() -> None:
     assert loads == 3
     good = ast.parse(
         "import torch, yaml\nimport numpy as np\n"
+        "from safetensors.torch import load\n"
         "torch.load(f, map_location='cpu', weights_only=True)\n"
         "np.load(f)\nnp.load(f, allow_pickle=False)\n"
         "yaml.load(s, Loader=yaml.SafeLoader)\nyaml.safe_load(s)\n"
         "pickle.UnpicklingError\n"
+        "load(body)\n"
     )
-    assert unsafe_calls(good) == ([], 1)
+    assert unsafe_calls(good) == ([], 2)
 
 
 def test_no_unsafe_deserialisation_in_messaging_and_worker() -> None:
@@ -373,6 +381,57 @@ def test_no_unsafe_deserialisation_in_messaging_and_worker() -> None:
         problems += [f"{rel}:{f.line}: {f.call} {f.why}" for f in findings]
     assert not problems, "\n".join(problems)
     assert torch_loads >= 1  # the policy reader: proof that the check saw the call it guards
+
+
+# -- imports a message could cause ------------------------------------------------------
+
+#: Calls that import a module named at run time.
+DYNAMIC_IMPORTS = frozenset(
+    {
+        "importlib.import_module",
+        "importlib.__import__",
+        "__import__",
+        "importlib.util.spec_from_file_location",
+        "importlib.util.module_from_spec",
+        "importlib.machinery.SourceFileLoader",
+        "runpy.run_module",
+        "runpy.run_path",
+        "pydoc.locate",
+    }
+)
+#: The one module that imports plug-ins: at process start, from installed entry points and the allowlist.
+PLUGIN_LOADER = "worker/plugins/registry.py"
+
+
+def dynamic_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    aliases = _aliases(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func, aliases)
+            if name in DYNAMIC_IMPORTS:
+                found.append((node.lineno, name))
+    return found
+
+
+def test_the_dynamic_import_check_catches_what_it_looks_for() -> None:
+    tree = ast.parse(
+        "import importlib, runpy\nfrom importlib import import_module as im\n"
+        "importlib.import_module(name)\nim(name)\n__import__(name)\nrunpy.run_path(p)\nimportlib.reload(m)\n"
+    )
+    assert [line for line, _ in dynamic_imports(tree)] == [3, 4, 5, 6]
+
+
+def test_only_the_plugin_registry_imports_modules_by_name() -> None:
+    # No message may make a worker import a module: a task names plug-ins, which the
+    # registry imported at start from installed entry points; nothing else imports by name.
+    seen: dict[str, list[tuple[int, str]]] = {}
+    for path in code_files():
+        rel = str(path.relative_to(ROOT))
+        found = dynamic_imports(ast.parse(path.read_text(), rel))
+        if found:
+            seen[rel] = found
+    assert set(seen) == {PLUGIN_LOADER}, seen
 
 
 # -- TLS --------------------------------------------------------------------------------

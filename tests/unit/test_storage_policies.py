@@ -1,23 +1,29 @@
-"""PolicyStore: round trips, change detection, locking, and hostile policy files."""
+"""PolicyStore: safetensors round trips with a header, change detection, locking, and hostile policy files."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import re
 import shlex
+import struct
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors.torch
 import torch
 from filelock import FileLock
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 
 from worker.errors import CorruptFile, StorageError, UnsafePath
 from worker.storage import PolicySnapshot, PolicyStore
+from worker.storage.policies import POLICY_FORMAT
 
 
 @pytest.fixture
@@ -45,33 +51,53 @@ class ShellOut:
         return os.system, (self.command,)
 
 
-def test_write_then_read_round_trips_tensors_and_iter(store: PolicyStore) -> None:
+def test_write_then_read_round_trips_tensors_iter_and_header(store: PolicyStore) -> None:
     state = small_state(1.5)
-    path = store.write("learner0.pt", state, iter=12)
+    path = store.write("learner0.pt", state, iter=12, meta={"algorithm": "dqn", "spaces_digest": "0123abcd"})
     snapshot = store.read("learner0.pt")
     assert isinstance(snapshot, PolicySnapshot)
     assert snapshot.iter == 12
     assert snapshot.state_dict.keys() == state.keys()
     for key, value in state.items():
         assert torch.equal(snapshot.state_dict[key], value)
+        assert snapshot.state_dict[key].dtype == value.dtype
         assert snapshot.state_dict[key].device.type == "cpu"
+    # The header keeps what the writer said, and the format and version warren adds
+    assert snapshot.meta == {
+        "algorithm": "dqn",
+        "spaces_digest": "0123abcd",
+        "warren.format": POLICY_FORMAT,
+        "policy_version": "12",
+    }
     # No temp file is left; only the policy and its lock file are in the directory.
     assert sorted(os.listdir(store.root)) == ["learner0.pt", "learner0.pt.lock"]
     assert path == store.root.resolve() / "learner0.pt"
 
 
-def test_a_module_state_dict_round_trips_and_is_a_standard_checkpoint(store: PolicyStore) -> None:
+def test_a_module_state_dict_round_trips_and_is_a_standard_safetensors_file(store: PolicyStore) -> None:
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    path = store.write("net", net.state_dict(), iter=0)
-    # Any weights-only torch.load can read the file: the format is plain torch.save.
-    raw = torch.load(path, map_location="cpu", weights_only=True)
-    assert set(raw) == {"model", "iter"}
+    path = store.write("net", net.state_dict(), iter=0, meta={"model": "mlp"})
+    # Any safetensors reader can read the file, weights and header: nothing warren-specific in the bytes
+    raw = load_file(path)
+    assert set(raw) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    with safe_open(path, framework="pt") as opened:
+        assert opened.metadata() == {"model": "mlp", "warren.format": POLICY_FORMAT, "policy_version": "0"}
     clone = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     snapshot = store.read("net")
     assert snapshot is not None
     clone.load_state_dict(snapshot.state_dict)
     x = torch.randn(5, 4)
     assert torch.equal(clone(x), net(x))
+
+
+def test_tensors_that_share_storage_are_written_as_copies(store: PolicyStore) -> None:
+    # (safetensors refuses shared buffers: tied weights, views of one parameter)
+    base = torch.arange(12, dtype=torch.float32)
+    store.write("tied", {"a": base.view(3, 4), "b": base.view(3, 4), "c": base[4:8]}, iter=2)
+    snapshot = store.read("tied")
+    assert snapshot is not None
+    assert torch.equal(snapshot.state_dict["a"], snapshot.state_dict["b"])
+    assert snapshot.state_dict["c"].tolist() == [4.0, 5.0, 6.0, 7.0]
 
 
 def test_a_saved_view_holds_only_its_own_values(store: PolicyStore) -> None:
@@ -110,36 +136,45 @@ def test_read_if_changed_loads_only_new_versions(store: PolicyStore) -> None:
     assert store.read_if_changed("p", new_stamp) == (None, None)
 
 
-def test_read_if_changed_does_not_unpickle_an_unchanged_file(
-    store: PolicyStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_read_if_changed_does_not_parse_an_unchanged_file(store: PolicyStore, monkeypatch: pytest.MonkeyPatch) -> None:
     store.write("p", small_state(1.0), iter=1)
     _, stamp = store.read_if_changed("p", None)
     calls: list[object] = []
-    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: calls.append(args))
+    real_load = safetensors.torch.load
+
+    def counting_load(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "load", counting_load)
     for _ in range(3):
         assert store.read_if_changed("p", stamp) == (None, stamp)
     assert calls == []
+    # (the patched loader is the one reads go through: a changed file is parsed by it)
+    store.write("p", small_state(2.0), iter=2)
+    assert store.read_if_changed("p", stamp)[0] is not None
+    assert len(calls) == 1
 
 
 def test_delete_of_a_missing_policy_returns_false(store: PolicyStore) -> None:
     assert store.delete("never") is False
 
 
-def test_malicious_pickle_is_refused_and_runs_nothing(store: PolicyStore, tmp_path: Path) -> None:
-    # Given a checkpoint whose "model" unpickles to os.system("touch <marker>")
+def test_a_torch_pickle_checkpoint_is_refused_and_runs_nothing(store: PolicyStore, tmp_path: Path) -> None:
+    # Given a torch.save checkpoint (warren's previous format) whose "model" unpickles to os.system("touch <marker>")
     marker = tmp_path / "pwned"
     save_raw(store.root / "evil", {"model": ShellOut(marker), "iter": 1})
     # When a collector reads it
-    with pytest.raises(CorruptFile, match="loader refused it") as info:
+    with pytest.raises(CorruptFile, match="not a safetensors file") as info:
         store.read("evil")
-    # Then nothing ran, and the error does not suggest turning weights_only off
+    # Then nothing ran, and the error names the file and does not suggest a pickle loader
     assert not marker.exists()
     assert "evil" in str(info.value)
-    assert "weights_only" not in str(info.value)
+    said = str(info.value).replace(str(store.root), "<root>")
+    assert "weights_only" not in said and "pickle" not in said
 
 
-def test_malicious_legacy_pickle_is_refused_and_runs_nothing(store: PolicyStore, tmp_path: Path) -> None:
+def test_a_plain_pickle_is_refused_and_runs_nothing(store: PolicyStore, tmp_path: Path) -> None:
     marker = tmp_path / "pwned-legacy"
     (store.root / "evil").write_bytes(pickle.dumps({"model": ShellOut(marker), "iter": 1}, protocol=2))
     with pytest.raises(CorruptFile, match="evil"):
@@ -154,19 +189,31 @@ def test_the_malicious_payload_is_live_for_a_trusting_loader(tmp_path: Path) -> 
     assert marker.exists()
 
 
+def header_file(header: Any, data: bytes = b"") -> bytes:
+    """A safetensors-shaped file: 8 bytes of header length, the header's JSON, then ``data``."""
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (b"", "not a weights-only torch checkpoint"),
-        (b"\x00" * 64, "not a weights-only torch checkpoint"),
-        (bytes(range(256)) * 8, "not a weights-only torch checkpoint"),
-        (b"PK\x03\x04" + b"\x00" * 100, "not a weights-only torch checkpoint"),
+        (b"", "too short for a safetensors file"),
+        (b"\x00" * 7, "too short for a safetensors file"),
+        (b"\x00" * 64, "its header is not JSON"),
+        (bytes(range(256)) * 8, "not a safetensors file \\(header length"),
+        (b"PK\x03\x04" + b"\x00" * 100, "not a safetensors file \\(header length"),
+        (struct.pack("<Q", 10) + b"\xff\xfe not utf8", "its header is not JSON"),
+        (header_file([1, 2]), "not a map of strings"),
+        (header_file({"__metadata__": {"warren.format": 1}}), "not a map of strings"),
+        (header_file({"__metadata__": "x"}), "not a map of strings"),
     ],
 )
 def test_junk_bytes_are_corrupt(store: PolicyStore, body: bytes, reason: str) -> None:
     (store.root / "junk").write_bytes(body)
-    with pytest.raises(CorruptFile, match=reason):
+    with pytest.raises(CorruptFile, match=reason) as info:
         store.read("junk")
+    assert "junk" in str(info.value)
 
 
 def test_random_bytes_are_corrupt(store: PolicyStore) -> None:
@@ -184,24 +231,60 @@ def test_a_truncated_policy_is_corrupt(store: PolicyStore) -> None:
             store.read("p")
 
 
+def _safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> bytes:
+    body: bytes = save(tensors, metadata=metadata)
+    return body
+
+
+GOOD_TENSORS = {"w": torch.zeros(2, 2)}
+
+
 @pytest.mark.parametrize(
-    ("document", "reason"),
+    ("body", "reason"),
     [
-        (torch.zeros(3), "top level"),
-        ({"iter": 1}, "'model'"),
-        ({"model": [torch.zeros(1)], "iter": 1}, "'model'"),
-        ({"model": {"w": 1.0}, "iter": 1}, "'model'"),
-        ({"model": {3: torch.zeros(1)}, "iter": 1}, "'model'"),
-        ({"model": {"w": torch.zeros(1)}}, "'iter'"),
-        ({"model": {"w": torch.zeros(1)}, "iter": "3"}, "'iter'"),
-        ({"model": {"w": torch.zeros(1)}, "iter": 3.0}, "'iter'"),
-        ({"model": {"w": torch.zeros(1)}, "iter": True}, "'iter'"),
+        # a safetensors file, but not one a warren learner wrote (no header, another format)
+        (_safetensors(GOOD_TENSORS, None), "is not a warren policy \\(warren.format None"),
+        (_safetensors(GOOD_TENSORS, {"policy_version": "1"}), "is not a warren policy"),
+        (_safetensors(GOOD_TENSORS, {"warren.format": "2", "policy_version": "1"}), "warren.format '2'"),
+        # a warren header with a version that is no count
+        (_safetensors(GOOD_TENSORS, {"warren.format": POLICY_FORMAT}), "policy_version ''"),
+        (_safetensors(GOOD_TENSORS, {"warren.format": POLICY_FORMAT, "policy_version": "-1"}), "policy_version '-1'"),
+        (_safetensors(GOOD_TENSORS, {"warren.format": POLICY_FORMAT, "policy_version": "1.5"}), "policy_version"),
+        (_safetensors(GOOD_TENSORS, {"warren.format": POLICY_FORMAT, "policy_version": str(2**63)}), "policy_version"),
+        # a good header over tensor bytes that do not match it
+        (
+            header_file(
+                {
+                    "__metadata__": {"warren.format": POLICY_FORMAT, "policy_version": "1"},
+                    "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                },
+                b"\x00" * 8,
+            ),
+            "not a valid safetensors file",
+        ),
     ],
 )
-def test_checkpoints_of_the_wrong_layout_are_corrupt(store: PolicyStore, document: Any, reason: str) -> None:
-    save_raw(store.root / "odd", document)
+def test_files_that_are_not_warren_policies_are_corrupt(store: PolicyStore, body: bytes, reason: str) -> None:
+    (store.root / "odd").write_bytes(body)
     with pytest.raises(CorruptFile, match=reason):
         store.read("odd")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_policy_holding_nan_or_infinite_weights_is_corrupt(store: PolicyStore, bad: float) -> None:
+    # Given a learner that wrote a diverged policy (every check but the values passes)
+    state = small_state(1.0)
+    state["fc.bias"][2] = bad
+    store.write("p", state, iter=5)
+    # Then a reader refuses it, naming the tensor, and keeps whatever it had
+    with pytest.raises(CorruptFile, match=r"tensor 'fc\.bias' holds NaN or infinite values"):
+        store.read("p")
+
+
+def test_integer_tensors_are_not_checked_for_nan(store: PolicyStore) -> None:
+    store.write("p", {"steps": torch.tensor([2**40, -3])}, iter=1)
+    snapshot = store.read("p")
+    assert snapshot is not None and snapshot.state_dict["steps"].tolist() == [2**40, -3]
 
 
 def test_an_oversized_policy_is_corrupt(tmp_path: Path) -> None:
@@ -231,7 +314,7 @@ def test_every_operation_refuses_unsafe_names(store: PolicyStore, name: str) -> 
 
 def test_a_policy_symlinked_outside_the_root_is_refused(store: PolicyStore, tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere.pt"
-    save_raw(outside, {"model": {}, "iter": 1})
+    PolicyStore(tmp_path).write("elsewhere.pt", small_state(1.0), iter=1)
     (store.root / "p").symlink_to(outside)
     with pytest.raises(UnsafePath, match="'p'"):
         store.read("p")
@@ -252,6 +335,13 @@ def test_write_refuses_malformed_input(store: PolicyStore, state: Any, iteration
     with pytest.raises(error):
         store.write("p", state, iter=iteration)
     assert os.listdir(store.root) == []
+
+
+def test_the_writers_header_cannot_overrule_the_format_or_the_version(store: PolicyStore) -> None:
+    store.write("p", small_state(1.0), iter=4, meta={"warren.format": "99", "policy_version": "1000", "n": 3})  # type: ignore[dict-item]
+    snapshot = store.read("p")
+    assert snapshot is not None
+    assert (snapshot.iter, snapshot.meta["warren.format"], snapshot.meta["n"]) == (4, POLICY_FORMAT, "3")
 
 
 def test_a_held_lock_times_out_with_a_storage_error(tmp_path: Path) -> None:

@@ -118,7 +118,8 @@ def test_root_is_created_with_its_parents(tmp_path: Path) -> None:
         ({"obs": np.float32(1.0)}, TypeError),
         ({"obs": np.zeros(())}, ValueError),
         ({"obs": [1, 2]}, TypeError),
-        ({"obs": np.zeros(3), "reward": np.zeros(4)}, ValueError),
+        ({"obs": np.zeros(3), "reward": np.zeros(5)}, ValueError),  # neither T nor T + 1 rows
+        ({"obs": np.zeros(3), "reward": np.zeros(4), "done": np.zeros(5)}, ValueError),
         ({"obs": np.array(["a", "b"])}, TypeError),
         ({"obs": np.array([object(), object()])}, TypeError),
         ({1: np.zeros(3)}, TypeError),
@@ -128,6 +129,20 @@ def test_write_refuses_malformed_samples(store: StepStore, samples: Any, error: 
     with pytest.raises(error):
         store.write("c1", samples)
     assert os.listdir(store.root) == []
+
+
+def test_observations_may_have_one_row_more_than_the_steps(store: StepStore) -> None:
+    # Given a chunk of 3 steps whose observations close with the one after the last step
+    samples: dict[str, NDArray[Any]] = {
+        "obs": np.arange(16, dtype=np.float32).reshape(4, 4),
+        "action": np.arange(3, dtype=np.int64),
+    }
+    # When it is written and read back
+    store.write("c1", samples)
+    chunk = store.read("c1", wait_s=0)
+    # Then its count is the steps, and the T + 1 observations come back whole
+    assert chunk.count == 3
+    np.testing.assert_array_equal(chunk.fields["obs"], samples["obs"])
 
 
 def test_write_refuses_meta_the_codec_cannot_store(store: StepStore) -> None:
@@ -222,7 +237,8 @@ def test_a_torch_pickle_where_step_data_belongs_is_corrupt(store: StepStore) -> 
         ({"count": "2"}, "count"),
         ({"fields": {}}, "fields"),
         ({"fields": [1, 2]}, "fields"),
-        ({"fields": {"obs": np.zeros((2, 4)), "reward": np.zeros(3)}}, "reward"),
+        ({"fields": {"obs": np.zeros((2, 4)), "reward": np.zeros(4)}}, "reward"),
+        ({"fields": {"obs": np.zeros((1, 4)), "reward": np.zeros(2)}}, "obs"),
         ({"fields": {"obs": np.float32(1.0)}}, "obs"),
         ({"fields": {"obs": np.zeros(())}}, "obs"),
         ({"fields": {"obs": [0, 0]}}, "obs"),

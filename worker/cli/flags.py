@@ -113,9 +113,10 @@ def add_job_flags(parser: argparse.ArgumentParser, *, run_end: bool = True) -> N
     """
     group = parser.add_argument_group("job (defaults: the shipped CartPole-v1 DQN job)")
     group.add_argument(
-        "--config", type=Path, help="job config: TOML ([env], [collector], [learner]...) or a run's job.json"
+        "--config", type=Path, help="job config: TOML ([env], [algorithm], [model], [collector]...) or a run's job.json"
     )
-    group.add_argument("--env-id", help="gymnasium env id (env.id)")
+    group.add_argument("--env-id", help="gymnasium env id, or an env plug-in's (env.id)")
+    group.add_argument("--algorithm", help="algorithm plug-in: dqn, random, or an installed one (algorithm.name)")
     group.add_argument("--seed", type=int, help="seed of envs and networks (env.seed)")
     if run_end:
         group.add_argument(
@@ -137,9 +138,11 @@ def job_config(args: argparse.Namespace, **extra: object) -> JobConfig:
     flags = {
         "env.id": "env_id",
         "env.seed": "seed",
+        "algorithm.name": "algorithm",
         "env.stop_value": "stop_value",
         "coordinator.max_env_steps": "max_env_steps",
         "coordinator.max_time_s": "max_time_s",
     }
     overrides: dict[str, object] = {key: getattr(args, name, None) for key, name in flags.items()}
-    return JobConfig.load(args.config, **overrides, **extra)
+    overrides.update({key: value for key, value in extra.items() if value is not None})
+    return JobConfig.load(args.config, **overrides)

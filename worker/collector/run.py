@@ -114,8 +114,15 @@ class CollectorRun:
         self.stop.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            logger.warning("task %s did not stop within %.0f s", self.task_id, timeout_s)
+            logger.warning(
+                "task %s did not stop within %.0f s (stuck in env or plug-in code?)", self.task_id, timeout_s
+            )
         return self.finish_info()
+
+    @property
+    def stuck(self) -> bool:
+        """Asked to stop, and still running: its thread is caught in env or plug-in code."""
+        return self.stop.is_set() and self._thread.is_alive()
 
     def abort(self, timeout_s: float) -> None:
         """Stop for a worker shutdown: the final info says the task was aborted, not done."""

@@ -375,6 +375,11 @@ class CollectorWorker:
     def _release(self, run: CollectorRun) -> FinishInfo:
         finish_info = run.close(self.config.stop_grace_s)
         with self._lock:
+            if run.stuck and self._envs is not None:
+                # Its thread still steps these envs: the next task must not share them. They
+                # are left to that thread (closing them under it could crash the process).
+                logger.warning("task %s is stuck: the next task gets new envs", run.task_id)
+                self._envs = None
             if self._run is run:
                 self._run = None
                 self.server.resume(self.names.collector_tasks)

@@ -30,6 +30,12 @@ class GymnasiumEnvs(EnvPlugin):
         except (gym.error.Error, TypeError) as exc:
             raise Refusal.UNKNOWN_ENV.error(f"cannot create env {ctx.env_id!r}: {exc}") from exc
 
+    def reward_threshold(self, env_id: str) -> float | None:
+        if env_id not in gym.registry:
+            return None
+        threshold = gym.spec(env_id).reward_threshold
+        return None if threshold is None else float(threshold)
+
     def make_vector_env(self, ctx: EnvContext) -> gym.vector.VectorEnv[Any, Any, Any]:
         check_registered(ctx.env_id)
         spec = gym.spec(ctx.env_id)

@@ -8,8 +8,9 @@ algorithm's :class:`~worker.plugins.Learner`, acks the message, and deletes the 
 Between messages it runs updates while the algorithm can (an off-policy one at its
 replay ratio, an on-policy one once it has a batch), and publishes the actor's weights
 to the policy file (safetensors, tagged with the policy version, the plug-ins and the
-spaces digest) at most every ``policy_write_interval_s``, under the lock collectors read
-with. A full checkpoint (targets, optimizer) goes next to it every
+spaces digest) under the lock collectors read with: at most every
+``policy_write_interval_s``, or after every update for an algorithm that bounds its
+policy lag (its collectors must see each version it makes). A full checkpoint (targets, optimizer) goes next to it every
 ``checkpoint_interval_s`` and at exit; a restarted learner resumes from it.
 
 An update whose metrics are NaN or infinite stops the learner before anything of it is
@@ -96,7 +97,9 @@ class Learner:
         self._recent: set[str] = set()
         self._recent_order: collections.deque[str] = collections.deque()
         self._last_write = 0.0
-        self._last_checkpoint = time.monotonic()
+        # The first updates are checkpointed at once: a learner killed before its first
+        # interval is over must not come back untrained (and hand collectors that policy).
+        self._last_checkpoint = -math.inf
         self._written_version = 0
 
     def run(self) -> None:
@@ -268,7 +271,10 @@ class Learner:
             self.stats.train_steps += 1
             burst += 1
         now = time.monotonic()
-        if burst and now - self._last_write >= self.job.learner.policy_write_interval_s:
+        # An on-policy algorithm drops chunks its newest versions outdate: every version it
+        # makes must reach the collectors, or they would keep sending data it throws away.
+        every_version = self.algorithm.max_policy_lag is not None
+        if burst and (every_version or now - self._last_write >= self.job.learner.policy_write_interval_s):
             self._write_policy()
         if burst and now - self._last_checkpoint >= self.job.learner.checkpoint_interval_s:
             self._write_checkpoint()

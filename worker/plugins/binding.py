@@ -60,7 +60,10 @@ def build_algorithm(
     algo_config = config_from_dict(cls.Config, config, "algorithm")
     model_name = model or cls.default_model
     model_plugin = registry.get(PluginKind.MODEL, model_name, model_version)
-    bound = Model(model_plugin.obj, config_from_dict(model_plugin.obj.Config, model_config, "model"), model_name)
+    settings = dict(model_config or {})
+    if model_name == cls.default_model:
+        settings = {**cls.default_model_config, **settings}
+    bound = Model(model_plugin.obj, config_from_dict(model_plugin.obj.Config, settings, "model"), model_name)
     try:
         bound.plugin.check_space(spaces.observation, bound.config)
     except UnsupportedSpace as exc:

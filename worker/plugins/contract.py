@@ -159,6 +159,10 @@ class EnvPlugin(ABC):
     def make_env(self, ctx: EnvContext) -> gym.Env[Any, Any]:
         """One env (``warren check`` runs gymnasium's env checker on it)."""
 
+    def reward_threshold(self, env_id: str) -> float | None:
+        """The return at which ``env_id`` counts as solved: a job's stop value when it gives none."""
+        return None
+
     def make_vector_env(self, ctx: EnvContext) -> gym.vector.VectorEnv[Any, Any, Any]:
         """``ctx.num_envs`` envs as one vector env; by default gymnasium's ``SyncVectorEnv`` of :meth:`make_env`."""
         import gymnasium as gym
@@ -344,6 +348,8 @@ class Algorithm(ABC):
     """How it learns; ``none``: acts only (``random``), no learner."""
     default_model: ClassVar[str] = "mlp"
     """The model plug-in used when the job names none."""
+    default_model_config: ClassVar[Mapping[str, Any]] = {}
+    """Settings of the default model that differ from the model's own defaults (a job's ``[model]`` keys win)."""
 
     def __init__(self, config: Any, spaces: Spaces, model: Model) -> None:
         self.config = config

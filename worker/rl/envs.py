@@ -88,6 +88,8 @@ class VecEnvBatch:
             raise Refusal.UNSUPPORTED_ENV.error(f"env {ctx.env_id!r} made {envs.num_envs} envs, {ctx.num_envs} asked")
         self.env_id = ctx.env_id
         self.ctx = ctx
+        action = self.spaces.action
+        self._box_bounds = (action.low, action.high) if isinstance(action, gym.spaces.Box) else None
         self.backend = type(envs).__name__
         self.num_envs = ctx.num_envs
         self._seed = ctx.seed
@@ -137,7 +139,13 @@ class VecEnvBatch:
         return self._obs
 
     def step(self, actions: npt.NDArray[Any]) -> VecStep:
-        """Step every env with its action (ignored by envs taking their reset step)."""
+        """Step every env with its action (ignored by envs taking their reset step).
+
+        ``Box`` actions are clipped into the box first (a Gaussian policy's samples are not
+        bounded); the caller keeps the actions it chose, so their log-probabilities hold.
+        """
+        if self._box_bounds is not None:
+            actions = np.clip(actions, *self._box_bounds)
         next_obs, reward, terminated, truncated, _ = self._envs.step(actions)
         # A fresh array each step, never written to again: views of earlier observations
         # (a caller's ``obs``, a step's ``next_obs``) stay what they were.

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.dqn.config import DQNConfig
-from worker.algorithms.dqn.network import QNetwork
+from worker.algorithms.dqn.network import QNetwork, check_fits
 from worker.plugins.contract import Chunk, Learner
 from worker.rl.replay import ReplayBuffer, regroup, transitions
 
@@ -187,6 +187,9 @@ class TorchDQNStep:
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], iter: int) -> None:
         names = [n for n, _ in self.q_net.named_parameters()]
         online, target, m, v, step = split_state(tensors, names)
+        params = dict(self.q_net.named_parameters())
+        for part in (online, target, m, v):  # all or nothing: a refused checkpoint leaves the nets as they were
+            check_fits(params, part, "the checkpoint's tensors")
         try:
             self.q_net.load_state_dict(online, strict=True)
             self.target_net.load_state_dict(target, strict=True)

@@ -1,0 +1,59 @@
+"""Small builders the RL unit tests share: spaces, a bound algorithm, chunks that fit a layout."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+
+from worker.algorithms.random import sample_actions
+from worker.plugins import Algorithm, Spaces, installed
+from worker.plugins.binding import build_algorithm
+from worker.rl.chunks import ChunkLayout
+
+
+def flat_spaces(obs_dim: int = 4, n_actions: int = 2) -> Spaces:
+    """CartPole-shaped spaces: a flat float32 ``Box`` of observations, ``Discrete`` actions."""
+    return Spaces(gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32), gym.spaces.Discrete(n_actions))
+
+
+def bound(
+    name: str,
+    spaces: Spaces,
+    model: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+    **config: Any,
+) -> Algorithm:
+    """The built-in algorithm ``name`` on ``spaces``, configured as a job's ``[algorithm]`` and ``[model]`` would."""
+    return build_algorithm(
+        installed(), spaces, algorithm=name, config=config, model=model_name, model_config=dict(model or {})
+    )
+
+
+def chunk_fields(
+    layout: ChunkLayout, spaces: Spaces, steps: int, envs: int, seed: int = 0
+) -> dict[str, npt.NDArray[Any]]:
+    """A chunk's fields as a collector writes them: random in-space values, every step valid, nothing ended."""
+    rng = np.random.default_rng(seed)
+    fields: dict[str, npt.NDArray[Any]] = {}
+    for name, field in layout.fields.items():
+        rows = steps + int(field.bootstrap_row)
+        fields[name] = np.zeros((rows, envs, *field.shape), dtype=field.dtype)
+    obs_space = spaces.observation
+    leaves = (
+        {f"obs.{k}": v for k, v in obs_space.spaces.items()}
+        if isinstance(obs_space, gym.spaces.Dict)
+        else {"obs": obs_space}
+    )
+    for name, leaf in leaves.items():
+        leaf.seed(seed)
+        fields[name] = np.stack(
+            [np.stack([np.asarray(leaf.sample()) for _ in range(envs)]) for _ in range(steps + 1)]
+        ).astype(layout.fields[name].dtype)
+    fields["action"] = np.stack([sample_actions(spaces.action, envs, rng) for _ in range(steps)])
+    fields["reward"] = rng.normal(size=(steps, envs)).astype(np.float32)
+    fields["valid"][:] = True
+    return fields
