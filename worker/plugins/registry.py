@@ -57,6 +57,8 @@ BUILTINS: Final[Mapping[PluginKind, Mapping[str, str]]] = {
     PluginKind.MODEL: {"mlp": "worker.models.mlp:MLP"},
     PluginKind.ALGORITHM: {
         "dqn": "worker.algorithms.dqn:DQN",
+        "ppo": "worker.algorithms.ppo:PPO",
+        "sac": "worker.algorithms.sac:SAC",
         "random": "worker.algorithms.random:RandomActions",
     },
 }

@@ -1,0 +1,152 @@
+"""``python -m benchmarks.sb3_peer``: Stable-Baselines3 on one job, timed the way warren's benchmark times warren.
+
+Single process, the rl-baselines3-zoo hyperparameters for the env (:data:`ZOO`), torch
+and BLAS limited to ``--threads``. Every ``--eval-interval-s`` seconds of wall time (as
+warren's coordinator does) it runs ``--eval-envs x --eval-episodes`` episodes with the
+deterministic policy on a separate env and prints a JSON line; it stops at the first
+evaluation whose mean return reaches ``--stop-value``, or at a budget. Each line carries
+``time.time()``, so the caller measures from the moment it started the process, imports
+included. Needs the ``sb3`` extra (``pip install -e '.[sb3]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+#: rl-baselines3-zoo's hyperparameters (hyperparams/{ppo,sac,dqn}.yml) for the shipped jobs'
+#: envs; ``linear`` marks the zoo's ``lin_<value>`` schedules (linear decay to 0).
+ZOO: dict[tuple[str, str], dict[str, Any]] = {
+    ("ppo", "CartPole-v1"): {
+        "n_envs": 8, "n_timesteps": 100_000,
+        "kwargs": {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                   "ent_coef": 0.0, "learning_rate": ("linear", 0.001), "clip_range": ("linear", 0.2)},
+    },
+    ("ppo", "LunarLander-v3"): {
+        "n_envs": 16, "n_timesteps": 1_000_000,
+        "kwargs": {"n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999, "n_epochs": 4,
+                   "ent_coef": 0.01},
+    },
+    ("dqn", "CartPole-v1"): {
+        "n_envs": 1, "n_timesteps": 50_000,
+        "kwargs": {"learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000,
+                   "gamma": 0.99, "target_update_interval": 10, "train_freq": 256, "gradient_steps": 128,
+                   "exploration_fraction": 0.16, "exploration_final_eps": 0.04,
+                   "policy_kwargs": {"net_arch": [256, 256]}},
+    },
+    ("sac", "Pendulum-v1"): {
+        "n_envs": 1, "n_timesteps": 20_000,
+        "kwargs": {"learning_rate": 1e-3},
+    },
+    ("sac", "LunarLanderContinuous-v3"): {
+        "n_envs": 1, "n_timesteps": 500_000,
+        "kwargs": {"batch_size": 256, "learning_rate": ("linear", 7.3e-4), "buffer_size": 1_000_000,
+                   "gamma": 0.99, "tau": 0.01, "learning_starts": 10_000,
+                   "policy_kwargs": {"net_arch": [400, 300]}},
+    },
+    ("sac", "HalfCheetah-v5"): {
+        "n_envs": 1, "n_timesteps": 1_000_000,
+        "kwargs": {"learning_starts": 10_000},
+    },
+}  # fmt: skip
+
+
+def _schedules(kwargs: dict[str, Any]) -> dict[str, Any]:
+    out = dict(kwargs)
+    for key, value in kwargs.items():
+        if isinstance(value, tuple) and value[0] == "linear":
+            start = float(value[1])
+            out[key] = lambda progress, start=start: progress * start  # SB3 passes the remaining fraction
+    return out
+
+
+def emit(**fields: Any) -> None:
+    print(json.dumps({"t": time.time(), **fields}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sb3_peer", description=__doc__)
+    parser.add_argument("--algo", required=True, choices=["ppo", "sac", "dqn"])
+    parser.add_argument("--env-id", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--stop-value", type=float, required=True)
+    parser.add_argument("--eval-envs", type=int, default=5)
+    parser.add_argument("--eval-episodes", type=int, default=1, help="per eval env")
+    parser.add_argument("--eval-interval-s", type=float, default=2.0)
+    parser.add_argument("--max-time-s", type=float, default=600.0)
+    parser.add_argument("--max-steps", type=int, help="default: the zoo's n_timesteps")
+    args = parser.parse_args(argv)
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(args.threads)
+    started = time.time()
+    emit(event="start")
+
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from stable_baselines3 import DQN, PPO, SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(args.threads)
+    zoo = ZOO[(args.algo, args.env_id)]
+    algo_cls = {"ppo": PPO, "sac": SAC, "dqn": DQN}[args.algo]
+    envs = make_vec_env(args.env_id, n_envs=zoo["n_envs"], seed=args.seed)
+    model = algo_cls("MlpPolicy", envs, seed=args.seed, device="cpu", verbose=0, **_schedules(zoo["kwargs"]))
+    eval_env = gym.make_vec(args.env_id, num_envs=args.eval_envs, vectorization_mode="sync")
+    max_steps = args.max_steps or int(zoo["n_timesteps"])
+
+    def evaluate(seed: int) -> float:
+        returns: list[float] = []
+        obs, _ = eval_env.reset(seed=seed)
+        done_counts = np.zeros(args.eval_envs, dtype=int)
+        running = np.zeros(args.eval_envs)
+        after_end = np.zeros(args.eval_envs, dtype=bool)
+        while (done_counts < args.eval_episodes).any():
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = eval_env.step(action)
+            live = ~after_end
+            running += np.where(live, reward, 0.0)
+            ended = (terminated | truncated) & live
+            for i in np.flatnonzero(ended):
+                if done_counts[i] < args.eval_episodes:
+                    returns.append(float(running[i]))
+                done_counts[i] += 1
+                running[i] = 0.0
+            after_end = ended
+        return float(np.mean(returns))
+
+    class Stopper(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = time.monotonic() + args.eval_interval_s
+            self.evals = 0
+            self.reached = False
+
+        def _on_step(self) -> bool:
+            if time.time() - started > args.max_time_s:
+                return False
+            if time.monotonic() < self.next_eval:
+                return True
+            self.evals += 1
+            value = evaluate(10_000 + self.evals)
+            emit(event="eval", steps=int(self.num_timesteps), value=value)
+            self.next_eval = time.monotonic() + args.eval_interval_s
+            if value >= args.stop_value:
+                self.reached = True
+                return False
+            return True
+
+    stopper = Stopper()
+    model.learn(total_timesteps=max_steps, callback=stopper)
+    emit(event="done", reached=stopper.reached, steps=int(model.num_timesteps), evals=stopper.evals)
+    return 0 if stopper.reached else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

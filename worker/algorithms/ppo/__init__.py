@@ -1,0 +1,65 @@
+"""Built-in PPO (clipped objective, GAE or V-trace, minibatch epochs) on the plug-in contract.
+
+Light on purpose (no torch): the coordinator builds the algorithm to check a job. The
+network, actor and learner (:mod:`.network`, :mod:`.actor`, :mod:`.learner`) import
+torch when they are made.
+
+On-policy in a distributed system means stale data: collectors keep acting while the
+learner updates. Every chunk carries the policy version that made it; the learner drops
+chunks more than ``max_lag`` versions old (counted), writes every version it makes so
+collectors catch up within ``update_policy_second``, and with ``correction = "vtrace"``
+corrects what lag remains with V-trace's truncated importance weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from worker.algorithms.ppo.config import PPOConfig
+from worker.plugins.contract import Actor, Algorithm, Column, Learner, UnsupportedSpace
+from worker.plugins.spaces import Spaces, describe_space
+
+__all__ = ["PPO", "PPOConfig"]
+
+
+class PPO(Algorithm):
+    """Proximal policy optimisation: any supported action space, any observation the model takes."""
+
+    Config = PPOConfig
+    kind = "on_policy"
+    default_model_config: ClassVar[Mapping[str, Any]] = {"hidden_sizes": [64, 64], "activation": "tanh"}
+    config: PPOConfig
+
+    @classmethod
+    def check_spaces(cls, spaces: Spaces) -> None:
+        action = spaces.action
+        if not isinstance(
+            action, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary | gym.spaces.Box
+        ):
+            raise UnsupportedSpace(f"ppo has no action distribution for {describe_space(action)}")
+
+    def columns(self) -> Mapping[str, Column]:
+        return {"logp": Column((), "float32"), "value": Column((), "float32")}
+
+    @property
+    def max_policy_lag(self) -> int:
+        return self.config.max_lag
+
+    def make_actor(self, seed: int | None) -> Actor:
+        from worker.algorithms.ppo.actor import PPOActor
+
+        return PPOActor(self.network(), seed)
+
+    def make_learner(self, seed: int) -> Learner:
+        from worker.algorithms.ppo.learner import PPOLearner
+
+        return PPOLearner(self, seed)
+
+    def network(self, seed: int | None = None) -> Any:
+        """A fresh actor-critic (seeded weights if ``seed``)."""
+        from worker.algorithms.ppo.network import ActorCritic
+
+        return ActorCritic.build(self, seed)

@@ -1,0 +1,111 @@
+"""PPO's actor-critic: two bodies from the model plug-in (policy and value), two heads, observation statistics.
+
+Separate bodies for the policy and the value function, as Stable-Baselines3's MLP
+policies have by default: a shared body trades the two losses off against each other.
+Observation normalisation keeps its running mean and variance in buffers, so they are in
+the actor's weights and every collector normalises as the learner does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from worker.algorithms.ppo.distributions import Policy, dist_params
+from worker.plugins.contract import Obs
+
+if TYPE_CHECKING:
+    from worker.algorithms.ppo import PPO
+
+#: Normalised observations are clipped to this many standard deviations.
+OBS_CLIP = 10.0
+
+
+class RunningNorm(nn.Module):
+    """Running mean and variance of float observations (parallel Welford), applied as ``(x - mean) / std``."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    def update(self, batch: torch.Tensor) -> None:
+        x = batch.to(torch.float64)
+        n = x.shape[0]
+        if n == 0:
+            return
+        mean, var = x.mean(dim=0), x.var(dim=0, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean.add_(delta * n / total)
+        self.var.copy_((self.var * self.count + var * n + delta**2 * self.count * n / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scaled = (x.to(torch.float64) - self.mean) / torch.sqrt(self.var + 1e-8)
+        return scaled.clamp(-OBS_CLIP, OBS_CLIP).to(torch.float32)
+
+
+class ActorCritic(nn.Module):
+    """``policy(obs)`` (a :class:`Policy`) and ``value(obs)`` (``[B]``), from observations as tensors."""
+
+    def __init__(self, algorithm: PPO) -> None:
+        super().__init__()
+        spaces, config = algorithm.spaces, algorithm.config
+        obs_space, action_space = spaces.observation, spaces.action
+        self.action_space = action_space
+        self.pi_body = algorithm.model.encoder(obs_space)
+        self.vf_body = algorithm.model.encoder(obs_space)
+        self.pi_head = nn.Linear(int(self.pi_body.out_dim), dist_params(action_space))  # type: ignore[arg-type]
+        self.vf_head = nn.Linear(int(self.vf_body.out_dim), 1)  # type: ignore[arg-type]
+        self.log_std: nn.Parameter | None = None
+        if isinstance(action_space, gym.spaces.Box):
+            self.log_std = nn.Parameter(torch.full((dist_params(action_space),), config.log_std_init))
+        self.obs_norm: RunningNorm | None = None
+        if config.normalize_obs and isinstance(obs_space, gym.spaces.Box) and obs_space.dtype.kind == "f":
+            self.obs_norm = RunningNorm(tuple(obs_space.shape))
+        if config.ortho_init:
+            self._orthogonal()
+
+    @classmethod
+    def build(cls, algorithm: PPO, seed: int | None = None) -> ActorCritic:
+        """A fresh network; with ``seed`` its weights depend on the seed only (torch's global RNG untouched)."""
+        if seed is None:
+            return cls(algorithm)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls(algorithm)
+
+    def _orthogonal(self) -> None:
+        for body in (self.pi_body, self.vf_body):
+            for module in body.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.orthogonal_(module.weight, gain=math.sqrt(2))
+                    nn.init.zeros_(module.bias)
+        for head, gain in ((self.pi_head, 0.01), (self.vf_head, 1.0)):
+            nn.init.orthogonal_(head.weight, gain=gain)
+            nn.init.zeros_(head.bias)
+
+    def inputs(self, obs: Obs | Any) -> Any:
+        """Numpy observations (or tensors) as the bodies' input, normalised where configured."""
+        if isinstance(obs, dict):
+            return {k: torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for k, v in obs.items()}
+        x = obs if isinstance(obs, torch.Tensor) else torch.as_tensor(np.asarray(obs))
+        return self.obs_norm(x) if self.obs_norm is not None else x
+
+    def policy(self, x: Any) -> Policy:
+        return Policy(self.action_space, self.pi_head(self.pi_body(x)), self.log_std)
+
+    def value(self, x: Any) -> torch.Tensor:
+        out: torch.Tensor = self.vf_head(self.vf_body(x)).squeeze(-1)
+        return out

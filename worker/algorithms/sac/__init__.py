@@ -1,0 +1,53 @@
+"""Built-in SAC (continuous actions) on the plug-in contract; light on purpose (no torch at import)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from worker.algorithms.sac.config import SACConfig
+from worker.plugins.contract import Actor, Algorithm, Learner, UnsupportedSpace
+from worker.plugins.spaces import Spaces, describe_space
+
+__all__ = ["SAC", "SACConfig"]
+
+
+class SAC(Algorithm):
+    """Off-policy maximum-entropy RL for a flat, bounded ``Box`` of actions."""
+
+    Config = SACConfig
+    kind = "off_policy"
+    default_model_config: ClassVar[Mapping[str, Any]] = {"hidden_sizes": [256], "activation": "relu"}
+    config: SACConfig
+
+    @classmethod
+    def check_spaces(cls, spaces: Spaces) -> None:
+        action = spaces.action
+        if not isinstance(action, gym.spaces.Box):
+            raise UnsupportedSpace(
+                f"sac needs continuous (Box) actions; the env's actions are {describe_space(action)}: use dqn or ppo"
+            )
+        if not (np.isfinite(action.low).all() and np.isfinite(action.high).all()):
+            raise UnsupportedSpace("sac squashes its actions into the action box: every bound must be finite")
+
+    @property
+    def replay_ratio(self) -> float:
+        return self.config.train_steps_per_sample
+
+    def make_actor(self, seed: int | None) -> Actor:
+        from worker.algorithms.sac.networks import SACActor
+
+        return SACActor(self.policy_network(), seed)
+
+    def make_learner(self, seed: int) -> Learner:
+        from worker.algorithms.sac.learner import SACLearner
+
+        return SACLearner(self, seed)
+
+    def policy_network(self, seed: int | None = None) -> Any:
+        from worker.algorithms.sac.networks import SquashedGaussianPolicy, seeded
+
+        return seeded(lambda: SquashedGaussianPolicy(self.model, self.spaces), seed)

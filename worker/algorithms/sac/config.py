@@ -1,0 +1,53 @@
+"""SAC's hyperparameters (no torch here: the coordinator reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.protocol.checks import MAX_COUNT, check_bool, check_float, check_int
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    """Soft actor-critic: twin Q networks, target networks, automatic entropy temperature, replay."""
+
+    lr: float = 3e-4
+    """Adam learning rate of the actor, the critics and the temperature."""
+    discount: float = 0.99
+    tau: float = 0.005
+    """Polyak weight of the target critics' update after every train step."""
+    batch_size: int = 256
+    replay_capacity: int = 1_000_000
+    learning_starts: int = 100
+    """No train step before the replay buffer holds this many transitions."""
+    train_steps_per_sample: float = 1.0
+    """Replay ratio: train steps per collected transition (SB3: one per env step)."""
+    init_alpha: float = 1.0
+    """Initial entropy temperature."""
+    auto_alpha: bool = True
+    """Tune the temperature so the policy's entropy stays near ``target_entropy``."""
+    target_entropy: float = 0.0
+    """The entropy the temperature aims at; 0 means the usual ``-action_dim``."""
+    max_grad_norm: float = 0.0
+    """Global gradient-norm clip of each network (0: none)."""
+
+    def __post_init__(self) -> None:
+        p = "algorithm"
+        for name, lo, hi in (
+            ("batch_size", 1, 65_536),
+            ("replay_capacity", 1, 10**8),
+            ("learning_starts", 0, MAX_COUNT),
+        ):
+            object.__setattr__(self, name, check_int(getattr(self, name), f"{p}.{name}", lo, hi))
+        for name, flo, fhi, lo_open in (
+            ("lr", 0.0, 1.0, True),
+            ("discount", 0.0, 1.0, False),
+            ("tau", 0.0, 1.0, True),
+            ("train_steps_per_sample", 0.0, 1024.0, True),
+            ("init_alpha", 0.0, 1e6, True),
+            ("target_entropy", -1e6, 1e6, False),
+            ("max_grad_norm", 0.0, 1e6, False),
+        ):
+            value = check_float(getattr(self, name), f"{p}.{name}", flo, fhi, lo_open=lo_open)
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "auto_alpha", check_bool(self.auto_alpha, f"{p}.auto_alpha"))
