@@ -9,6 +9,7 @@ and the task's slot is filled again by the coordinator's scheduling.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -206,9 +207,40 @@ class TaskDriver:
 
     def read(self, task: Task) -> None:
         """Handle every metadata item that has arrived for ``task``."""
-        while task.stream is not None and (item := task.stream.get(0.0)) is not None:
-            task.last_heard = time.monotonic()
-            self._handle(task, item)
+        try:
+            while task.stream is not None and (item := task.stream.get(0.0)) is not None:
+                task.last_heard = time.monotonic()
+                self._handle(task, item)
+        except QueueNotFound as exc:
+            self._stream_lost(task, exc)
+
+    def _stream_lost(self, task: Task, error: QueueNotFound) -> None:
+        """The task's metadata queue is gone under its reader: it died with its node.
+
+        A metadata queue is a classic queue on one node. Once the task's last info was read
+        nothing is missing, and the close goes on; before that, what the queue still held
+        cannot be read, and the task runs again elsewhere (its worker, told to close it,
+        is free at once).
+        """
+        stream, task.stream = task.stream, None
+        if stream is not None:
+            with contextlib.suppress(MessagingError):
+                stream.close()
+        if task.task_id not in self.tasks or task.done:
+            logger.info("task %s: its metadata queue is gone after its last item (%s)", task.task_id, error.message)
+            return
+        logger.warning(
+            "task %s lost its metadata queue on %s (%s); running it again elsewhere",
+            task.task_id,
+            task.worker_id,
+            error.message,
+        )
+        if task.control_queue is not None:
+            with contextlib.suppress(MessagingError):
+                self.bus.abandon(
+                    self.bus.send(task.control_queue, close_task(task.task_id), timeout_s=self.timeouts.close_s)
+                )
+        self.drop(task, rerun=True)
 
     def _handle(self, task: Task, item: MetadataItem) -> None:
         try:
@@ -352,10 +384,8 @@ class TaskDriver:
             task.stream.close()
             task.stream = None
         if task.metadata_queue is not None:
-            try:
-                self.bus.delete(task.metadata_queue)
-            except MessagingError as exc:
-                logger.debug("could not delete %s: %s", task.metadata_queue, exc.message)
+            # Never waited for: a deletion can take seconds on a degraded cluster.
+            self.bus.delete(task.metadata_queue)
 
     # -- shutdown -------------------------------------------------------------------
 
