@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 DRAIN_S = 5.0
 #: Pause before a start request the broker nacked is sent again.
 REJECTED_START_RETRY_S = 2.0
+#: A close unanswered this long is sent again (then after twice as long...), until its deadline.
+#: A close is answered within milliseconds; one lost in a node's loss (the worker's or the
+#: coordinator's queue went with the node) would otherwise hold its slot for the whole deadline.
+CLOSE_RESEND_S = 3.0
 
 
 Completed = Callable[[Task, FinishInfo | None], None]
@@ -284,8 +288,11 @@ class TaskDriver:
             logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)
             self.complete(task, None)
             return
-        task.state = State.CLOSING
-        task.deadline = time.monotonic() + self.timeouts.close_s
+        if task.state is not State.CLOSING:
+            task.state = State.CLOSING
+            task.deadline = time.monotonic() + self.timeouts.close_s
+            task.close_resend_s = CLOSE_RESEND_S
+        task.resend_at = time.monotonic() + task.close_resend_s
 
     def _poll_close(self, task: Task) -> None:
         assert task.correlation_id is not None
@@ -300,10 +307,16 @@ class TaskDriver:
             self.complete(task, None)
             return
         if result is None:
-            if time.monotonic() > task.deadline:
+            now = time.monotonic()
+            if now > task.deadline:
                 logger.warning("task %s: no close reply from %s", task.task_id, task.worker_id)
                 self.bus.abandon(task.correlation_id)
                 self.complete(task, None)
+            elif now > task.resend_at:
+                logger.info("task %s: no close reply from %s yet; asking again", task.task_id, task.worker_id)
+                self.bus.abandon(task.correlation_id)
+                task.close_resend_s *= 2
+                self.send_close(task)
             return
         try:
             finish = FinishInfo.from_wire(result)
