@@ -133,14 +133,18 @@ class BrokerLink(QueueAdmin):
         """Attach a subscription to the new connection; one whose queue is gone keeps the error.
 
         A durable classic queue on a node that died is gone from the others until the node
-        is back (404, "home node ... is down"): its subscription's next :meth:`Subscription.get`
-        raises that, and the link's other subscriptions are restored all the same.
+        is back (404, "home node ... is down"). A subscription to a queue someone else
+        declared (a task's metadata queue) then raises that at its next
+        :meth:`Subscription.get`, and the link's other subscriptions are restored all the
+        same; one that declares its own queue fails the reconnect, as its declaration would.
         """
         assert self._conn is not None
         try:
             with translated(f"consuming from {sub.queue}"):
                 sub._attach(self._conn.channel(), self._generation)
         except (QueueNotFound, ChannelError) as exc:
+            if sub.declare:
+                raise
             logger.warning("%s link: cannot consume from %s again: %s", self.role, sub.queue, exc.message)
             sub._lost(exc)
 
