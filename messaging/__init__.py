@@ -38,6 +38,7 @@ from messaging.errors import (
 # Links, publishing, RPC and the metadata stream
 from messaging.link import BrokerLink
 from messaging.publisher import ConfirmedPublisher
+from messaging.queue_deleter import DeletionCounts, QueueDeleter
 from messaging.rpc_client import RpcClient
 from messaging.rpc_server import Reply, Request, RpcServer
 
@@ -59,6 +60,7 @@ __all__ = [
     "ConnectionClosed",
     "ConnectionFailed",
     "DecodeError",
+    "DeletionCounts",
     "Delivery",
     "EncodeError",
     "Envelope",
@@ -71,6 +73,7 @@ __all__ = [
     "PublishRejected",
     "PublishTimeout",
     "QueueDecl",
+    "QueueDeleter",
     "QueueLocked",
     "QueueNotFound",
     "QueueTypeMismatch",

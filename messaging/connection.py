@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import ssl
 import threading
@@ -115,12 +116,35 @@ def node_address(url: str) -> str:
     return f"{parts.hostname or 'localhost'}:{port or default}"
 
 
-def failover_order(items: Sequence[_T], lost: int | None) -> list[_T]:
-    """``items`` in the order to try them: as given, or, after losing ``items[lost]``, starting
-    with the one after it and ending with it (a node that just failed is the least likely to answer)."""
-    if lost is None or not items:
-        return list(items)
-    start = (lost + 1) % len(items)
+#: This process's draw of a first node, per length of a URL list (see :func:`first_node`).
+_first_nodes: dict[int, int] = {}
+_first_nodes_lock = threading.Lock()
+
+
+def first_node(settings: Settings) -> int:
+    """Index of the node of ``settings.amqp_urls`` this process's connections try first.
+
+    ``amqp_node_order=random``: one node drawn at random, once per process, so every
+    connection a process opens starts on the same node (a collector's queues and its
+    connections share a node, and a node's loss takes down whole processes, not a piece of
+    each) while the processes of a deployment spread over the nodes. ``given``: the first.
+    """
+    count = len(settings.amqp_urls)
+    if settings.amqp_node_order == "given" or count < 2:
+        return 0
+    with _first_nodes_lock:
+        if count not in _first_nodes:
+            _first_nodes[count] = random.SystemRandom().randrange(count)
+        return _first_nodes[count]
+
+
+def failover_order(items: Sequence[_T], lost: int | None, first: int = 0) -> list[_T]:
+    """``items`` in the order to try them: from ``items[first]`` on, round the list; after
+    losing ``items[lost]``, starting with the one after it and ending with it (a node that
+    just failed is the least likely to answer)."""
+    if not items:
+        return []
+    start = (lost + 1) % len(items) if lost is not None else first % len(items)
     return [*items[start:], *items[:start]]
 
 
@@ -200,7 +224,8 @@ def open_connection(
     """Open a blocking connection, retrying with jittered backoff for ``timeout_s``.
 
     Each attempt tries every node of ``settings.amqp_url`` in turn (:func:`failover_order`:
-    after losing node ``lost``, the next one first), so a dead node costs one refused
+    from this process's :func:`first_node`; after losing node ``lost``, the next one
+    first), so a dead node costs one refused
     connect, and the backoff only starts once no node answered.
 
     Raises:
@@ -216,7 +241,7 @@ def open_connection(
         nonlocal attempts
         attempts += 1
         error: BaseException | None = None
-        for address in failover_order(addresses, lost):
+        for address in failover_order(addresses, lost, first_node(settings)):
             try:
                 return Connected(BlockingConnection(address.params), address)
             except (pika.exceptions.AMQPError, OSError) as exc:
@@ -314,6 +339,11 @@ def translate(exc: BaseException, what: str) -> MessagingError:
                 f"{what}: the queue exists with another queue type ({exc.reply_text}). Every process of a "
                 "deployment must use the same WARREN_QUEUE_TYPE (--queue-type), and a queue cannot change "
                 "type: delete it, or use another WARREN_PREFIX, to switch"
+            )
+        if exc.reply_code == 406 and "x-queue-leader-locator" in str(exc.reply_text):
+            return QueueTypeMismatch(
+                f"{what}: the quorum queue exists without warren's leader placement ({exc.reply_text}): it was "
+                "declared by an older warren. Delete it, or use another WARREN_PREFIX"
             )
         return ChannelError(f"{what}: channel closed by broker ({exc.reply_code} {exc.reply_text})")
     if isinstance(

@@ -123,11 +123,30 @@ class BrokerLink(QueueAdmin):
             for decl in self._declared.values():
                 self._declare_on(self._conn.channel(), decl)
             for sub in self._subscriptions:
-                sub._attach(self._conn.channel(), self._generation)
+                self._reattach(sub)
         except BrokerConnectionError:
             self._drop()
             raise
         return self._conn
+
+    def _reattach(self, sub: Subscription) -> None:
+        """Attach a subscription to the new connection; one whose queue is gone keeps the error.
+
+        A durable classic queue on a node that died is gone from the others until the node
+        is back (404, "home node ... is down"). A subscription to a queue someone else
+        declared (a task's metadata queue) then raises that at its next
+        :meth:`Subscription.get`, and the link's other subscriptions are restored all the
+        same; one that declares its own queue fails the reconnect, as its declaration would.
+        """
+        assert self._conn is not None
+        try:
+            with translated(f"consuming from {sub.queue}"):
+                sub._attach(self._conn.channel(), self._generation)
+        except (QueueNotFound, ChannelError) as exc:
+            if sub.declare:
+                raise
+            logger.warning("%s link: cannot consume from %s again: %s", self.role, sub.queue, exc.message)
+            sub._lost(exc)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

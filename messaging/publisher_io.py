@@ -32,6 +32,7 @@ from pika.channel import Channel
 from messaging.connection import (
     BrokerAddress,
     failover_order,
+    first_node,
     is_retryable_connect_error,
     report_connection_events_here,
     translate,
@@ -161,7 +162,7 @@ class PublisherIO:
         if not self._to_try:
             # A new round of every node; after a loss, the lost node comes last.
             lost = self._address.index if self.reconnects else None
-            self._to_try = failover_order(self.addresses, lost)
+            self._to_try = failover_order(self.addresses, lost, first_node(self.settings))
         self._address = self._to_try.pop(0)
         self._conn = pika.SelectConnection(
             self._address.params,

@@ -21,6 +21,8 @@ _C = TypeVar("_C")
 PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: Values of :attr:`Settings.queue_type`.
 QUEUE_TYPES: Final = ("classic", "quorum")
+#: Values of :attr:`Settings.amqp_node_order`.
+NODE_ORDERS: Final = ("random", "given")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class Settings:
     A comma-separated list names several nodes of one cluster (same credentials and vhost,
     normally): connections try them in turn, and after losing one node fail over to the
     next (see :attr:`amqp_urls`)."""
+    amqp_node_order: str = "random"
+    """Which node of :attr:`amqp_url` a process tries first: ``random`` (each process draws one
+    node of the list once, at random, and every connection it opens starts there, so the
+    processes of a deployment spread over the nodes), or ``given`` (the list's first node
+    first, as written). Either way a connection that loses its node tries the next one first."""
     amqp_ca_file: str = ""
     """CA bundle to verify the broker's certificate with ``amqps://``; empty: system CAs."""
     prefix: str = "warren"
@@ -64,10 +71,12 @@ class Settings:
     reply_queue_expires_s: float = 300.0
     """An RPC client's reply queue outlives a dropped connection for this long, so replies wait for it."""
     queue_type: str = "classic"
-    """How the durable queues (tasks, learner, metadata, dead letters) are declared: ``classic``,
+    """How the long-lived durable queues (tasks, learner, dead letters) are declared: ``classic``,
     or ``quorum`` (replicated on a cluster: they survive the loss of a node, and a publish is
-    confirmed once a majority holds it). Every process of a deployment must use the same:
-    the broker refuses to redeclare an existing queue with another type."""
+    confirmed once a majority holds it; leaders placed across the nodes). A task's metadata
+    queue stays classic either way (see docs/reliability.md, *Per-task metadata queues*).
+    Every process of a deployment must use the same: the broker refuses to redeclare an
+    existing queue with another type."""
 
     def __post_init__(self) -> None:
         if not self.amqp_urls:
@@ -75,6 +84,10 @@ class Settings:
         for url in self.amqp_urls:
             if urlsplit(url).scheme not in ("amqp", "amqps"):
                 raise ConfigurationError(f"amqp_url must start with amqp:// or amqps://, got {redact_url(url)!r}")
+        if self.amqp_node_order not in NODE_ORDERS:
+            raise ConfigurationError(
+                f"amqp_node_order must be one of {', '.join(NODE_ORDERS)}, got {self.amqp_node_order!r}"
+            )
         if self.queue_type not in QUEUE_TYPES:
             raise ConfigurationError(f"queue_type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}")
         if not PREFIX_RE.match(self.prefix):

@@ -18,7 +18,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from messaging.connection import translated
-from messaging.errors import ConnectionClosed
+from messaging.errors import ConnectionClosed, MessagingError
 from messaging.topology import QueueDecl
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class Subscription:
         self._generation = 0
         self._tag: str | None = None
         self._cancelled_by_broker = False
+        self._error: MessagingError | None = None
         self.paused = False
         self.closed = False
 
@@ -103,6 +104,8 @@ class Subscription:
         """
         deadline = time.monotonic() + timeout_s
         polled = False
+        if self._error is not None and not self._buffer:
+            raise self._error
         while not self._buffer:
             remaining = deadline - time.monotonic()
             if self.closed or (remaining <= 0 and polled):
@@ -157,7 +160,13 @@ class Subscription:
 
     # -- used by BrokerLink -------------------------------------------------------
 
+    def _lost(self, error: MessagingError) -> None:
+        """The queue could not be consumed again after a reconnect: :meth:`get` raises ``error``."""
+        self._channel, self._tag = None, None
+        self._error = error
+
     def _attach(self, channel: BlockingChannel, generation: int) -> None:
+        self._error = None
         self._buffer.clear()
         self._channel = channel
         self._generation = generation

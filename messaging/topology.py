@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 #: Queue arguments a quorum queue refuses (406 on declare, RabbitMQ 3.10): dropped from
 #: quorum declarations. Not exclusive, not auto-delete, never transient either.
 QUORUM_REFUSED_ARGS: Final = frozenset({"x-max-priority", "x-queue-mode"})
+#: Where a new quorum queue's leader goes (RabbitMQ 3.10+, ``x-queue-leader-locator``): on
+#: the node that leads the fewest quorum queues, not on the declaring client's node (the
+#: default, ``client-local``), so the loss of one node is the loss of some leaders, not all.
+QUORUM_LEADER_LOCATOR: Final = "balanced"
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,15 @@ class QueueDecl:
 class Names:
     """Queue and exchange names of one deployment, all under ``prefix``, and their declarations.
 
-    ``queue_type`` (``Settings.queue_type``) decides how the durable queues are declared:
-    the task queue, the learner queues, the metadata queues and the dead-letter queue.
-    ``quorum`` adds ``x-queue-type: quorum`` and drops what a quorum queue refuses; the
-    control and reply queues stay classic either way (a control queue dies with its
-    worker's connection, a reply queue is transient: neither needs replicas).
+    ``queue_type`` (``Settings.queue_type``) decides how the long-lived durable queues are
+    declared: the task queue, the learner queues and the dead-letter queue. ``quorum`` adds
+    ``x-queue-type: quorum`` and ``x-queue-leader-locator: balanced`` and drops what a
+    quorum queue refuses. The control and reply queues stay classic either way (a control
+    queue dies with its worker's connection, a reply queue is transient: neither needs
+    replicas), and so do the per-task metadata queues: one Raft group created and deleted
+    per task costs 4x a classic queue on a healthy cluster and 5 s per deletion while a
+    member is down, and what a classic one loses with its node is collected again by
+    re-running the task (figures in docs/reliability.md).
     """
 
     prefix: str = "warren"
@@ -98,7 +106,12 @@ class Names:
         if self.queue_type == "quorum":
             args = {k: v for k, v in args.items() if k not in QUORUM_REFUSED_ARGS}
             args["x-queue-type"] = "quorum"
+            args["x-queue-leader-locator"] = QUORUM_LEADER_LOCATOR
         return QueueDecl(name, durable=True, exclusive=False, auto_delete=False, arguments=args)
+
+    def classic_decl(self, name: str, arguments: dict[str, Any] | None = None) -> QueueDecl:
+        """A durable classic queue whatever the deployment's queue type (a task's metadata queue)."""
+        return QueueDecl(name, durable=True, exclusive=False, auto_delete=False, arguments=dict(arguments or {}))
 
     def dead_letter_queue_decl(self) -> QueueDecl:
         return self.durable_decl(self.dead_letter_queue)
@@ -123,9 +136,10 @@ class Names:
 
     def metadata_decl(self, task_id: str, *, max_length: int, expires_s: float) -> QueueDecl:
         # reject-publish makes a full queue nack the publish: that is the back-pressure
-        # that holds the collector when nobody reads, like DI-engine's Queue(8). Quorum
-        # queues accept both (a nack there may leave the depth one over the limit).
-        return self.durable_decl(
+        # that holds the collector when nobody reads, like DI-engine's Queue(8). Classic on
+        # every deployment (see the class docstring): it lives on the node of the collector
+        # that declares it (RabbitMQ's client-local placement), and dies with that node.
+        return self.classic_decl(
             self.metadata(task_id),
             {
                 **self.dead_letter_args(),

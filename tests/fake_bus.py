@@ -41,6 +41,8 @@ class FakeStream:
         self.closed = False
 
     def get(self, timeout_s: float) -> MetadataItem | None:
+        if self.queue in self.bus.lost:
+            raise QueueNotFound(f"consuming from {self.queue}: NOT_FOUND - home node of durable queue is down")
         pending = self.bus.queues.get(self.queue)
         if self.closed or not pending:
             return None
@@ -65,6 +67,8 @@ class FakeBus:
     queues: dict[str, collections.deque[bytes]] = field(default_factory=dict)
     decoded: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     alive: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)
+    """Metadata queues whose node died: reading them raises :class:`QueueNotFound`."""
     forwarded: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """Confirmed copies sent to the learner's queue."""
     unconfirmed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)

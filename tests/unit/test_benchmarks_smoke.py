@@ -20,7 +20,7 @@ from messaging import codec
 
 
 def test_every_case_is_registered_with_a_name_and_title() -> None:
-    assert list(runner.CASES) == ["steps", "rpc", "stream", "queue-type", "collector", "scaling", "e2e"]
+    assert list(runner.CASES) == ["steps", "rpc", "stream", "queue-type", "node-loss", "collector", "scaling", "e2e"]
     for name, module in runner.CASES.items():
         assert name == module.NAME
         assert module.TITLE

@@ -324,6 +324,43 @@ def test_a_worker_gone_on_two_checks_gets_its_task_rerun_keeping_its_data(tmp_pa
     assert len(bus.starts()) == 2
 
 
+def test_a_task_whose_metadata_queue_died_with_its_node_is_run_again_and_its_worker_told_to_close_it(
+    tmp_path: Path,
+) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, data(task_id, 1, steps=8))
+    coordinator.turn()
+    # When the node of the task's (classic) metadata queue dies: reading it fails from now on
+    bus.lost.add(queue)
+    coordinator.turn()
+    # Then the task is given up at once and run again (its worker lives on another node)
+    assert task_id not in coordinator.driver.tasks
+    assert coordinator.stats.tasks_rerun == 1
+    assert bus.sent[-1].body == {"name": TaskName.CLOSE.value, "task_id": task_id}
+    assert queue in bus.deleted
+    # and what was read before is kept
+    assert [m["data_id"] for _, m in bus.forwarded] == [f"env_0_{task_id}_1"]
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+
+
+def test_a_metadata_queue_lost_after_the_tasks_last_item_lets_the_close_go_on(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, info(task_id, steps=256, done=True))
+    coordinator.turn()
+    bus.lost.add(queue)
+    close = bus.sent[-1]
+    assert close.body["name"] == TaskName.CLOSE.value
+    bus.replies[close.correlation_id] = finished(eval_flag=False, train_iter=1, steps=256, returns=[]).to_wire()
+    coordinator.turn()
+    assert task_id not in coordinator.driver.tasks
+    assert coordinator.stats.tasks_rerun == 0 and coordinator.stats.tasks_done == 1
+
+
 def test_an_aborted_task_is_run_elsewhere(tmp_path: Path) -> None:
     coordinator, bus = make(tmp_path, collect_tasks=1)
     sent, queue = started(bus, coordinator)
@@ -342,6 +379,29 @@ def test_a_silent_task_is_closed(tmp_path: Path) -> None:
     coordinator.driver.check_liveness()
     assert task.state is State.CLOSING
     assert bus.sent[-1].body == {"name": TaskName.CLOSE.value, "task_id": task.task_id}
+
+
+def test_a_close_lost_on_its_way_is_sent_again_instead_of_holding_the_slot_until_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    sent, queue = started(bus, coordinator)
+    task_id = StartTask.from_wire(sent.body).task_id
+    bus.push(queue, info(task_id, steps=256, done=True))
+    coordinator.turn()
+    first = bus.sent[-1]
+    assert first.body == {"name": TaskName.CLOSE.value, "task_id": task_id}
+    # When no reply comes for longer than the resend interval (the request or its reply was lost)
+    monkeypatch.setattr(driver_module, "CLOSE_RESEND_S", 0.0)
+    coordinator.driver.tasks[task_id].resend_at = 0.0
+    coordinator.turn()
+    # Then the close is sent again, the first given up, and the new one's reply completes the task
+    again = bus.sent[-1]
+    assert again.body == first.body and again.correlation_id != first.correlation_id
+    assert first.correlation_id in bus.abandoned
+    bus.replies[again.correlation_id] = finished(eval_flag=False, train_iter=1, steps=256, returns=[]).to_wire()
+    coordinator.turn()
+    assert task_id not in coordinator.driver.tasks and coordinator.stats.tasks_done == 1
 
 
 def test_a_close_to_a_vanished_worker_completes_the_task_from_its_last_info(tmp_path: Path) -> None:

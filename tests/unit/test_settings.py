@@ -82,6 +82,7 @@ def test_every_setting_survives_the_trip_through_a_child_environment() -> None:
     # Given settings that differ from the defaults in every field
     settings = Settings(
         amqp_url="amqps://u:p@broker:5671/v",
+        amqp_node_order="given",
         amqp_ca_file="/ca.pem",
         prefix="run-7",
         heartbeat_s=7,

@@ -17,6 +17,7 @@ from messaging import (
     MetadataConsumer,
     MetadataItem,
     QueueDecl,
+    QueueDeleter,
     RpcClient,
     Settings,
 )
@@ -115,22 +116,34 @@ class CoordinatorBus(Protocol):
         ...
 
     def delete(self, queue: str) -> None:
-        """Delete ``queue`` and its messages; fine if it is gone already."""
+        """Have ``queue`` and its messages deleted soon; returns at once, never fails.
+
+        Deleting can take seconds on a degraded cluster: it happens elsewhere, retried
+        until done (see :class:`~messaging.QueueDeleter`), and nothing waits for it.
+        """
         ...
 
     def wait(self, seconds: float) -> None:
         """Let the connection work for up to ``seconds`` (replies, deliveries, heartbeats)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close everything; deletions still pending get :data:`DELETE_AT_CLOSE_S` to finish."""
+        ...
+
+
+#: How long queue deletions still pending at the end may take.
+DELETE_AT_CLOSE_S = 10.0
 
 
 class BrokerBus:
-    """:class:`CoordinatorBus` on one broker link of the coordinator's thread, plus a relay.
+    """:class:`CoordinatorBus` on one broker link of the coordinator's thread, plus a relay and a deleter.
 
     The relay to the learner's queue is a :class:`~messaging.ConfirmedPublisher` (its own
     connection and thread): forwarding returns at once, and one wait per loop turn
-    collects the confirms of everything forwarded in it.
+    collects the confirms of everything forwarded in it. Queue deletions go to a
+    :class:`~messaging.QueueDeleter` (its own connection and thread), so the loop never
+    waits for one.
     """
 
     def __init__(self, settings: Settings, role: str = "coordinator") -> None:
@@ -139,6 +152,7 @@ class BrokerBus:
         self.link = BrokerLink(settings, role)
         self.client = RpcClient(settings, role, link=self.link)
         self.relay = self._new_relay()
+        self.deleter = QueueDeleter(settings, f"{role}-deleter")
 
     def _new_relay(self) -> ConfirmedPublisher:
         return ConfirmedPublisher(self.settings, f"{self.role}-relay", window=RELAY_WINDOW)
@@ -148,6 +162,7 @@ class BrokerBus:
         for decl in decls:
             self.link.declare(decl)
         self.relay.open()
+        self.deleter.start()
 
     def send(self, queue: str, body: dict[str, Any], *, timeout_s: float, durable: bool = False) -> str:
         return self.client.send(queue, body, timeout_s=timeout_s, durable=durable)
@@ -201,7 +216,7 @@ class BrokerBus:
         return self.link.queue_depth(queue) or 0
 
     def delete(self, queue: str) -> None:
-        self.link.delete_queue(queue)
+        self.deleter.request(queue)
 
     def wait(self, seconds: float) -> None:
         self.link.process_events(seconds)
@@ -210,3 +225,4 @@ class BrokerBus:
         self.relay.close()
         self.client.close()
         self.link.close()
+        self.deleter.close(DELETE_AT_CLOSE_S)

@@ -9,6 +9,7 @@ and the task's slot is filled again by the coordinator's scheduling.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,10 @@ logger = logging.getLogger(__name__)
 DRAIN_S = 5.0
 #: Pause before a start request the broker nacked is sent again.
 REJECTED_START_RETRY_S = 2.0
+#: A close unanswered this long is sent again (then after twice as long...), until its deadline.
+#: A close is answered within milliseconds; one lost in a node's loss (the worker's or the
+#: coordinator's queue went with the node) would otherwise hold its slot for the whole deadline.
+CLOSE_RESEND_S = 3.0
 
 
 Completed = Callable[[Task, FinishInfo | None], None]
@@ -214,9 +219,40 @@ class TaskDriver:
 
     def read(self, task: Task) -> None:
         """Handle every metadata item that has arrived for ``task``."""
-        while task.stream is not None and (item := task.stream.get(0.0)) is not None:
-            task.last_heard = time.monotonic()
-            self._handle(task, item)
+        try:
+            while task.stream is not None and (item := task.stream.get(0.0)) is not None:
+                task.last_heard = time.monotonic()
+                self._handle(task, item)
+        except QueueNotFound as exc:
+            self._stream_lost(task, exc)
+
+    def _stream_lost(self, task: Task, error: QueueNotFound) -> None:
+        """The task's metadata queue is gone under its reader: it died with its node.
+
+        A metadata queue is a classic queue on one node. Once the task's last info was read
+        nothing is missing, and the close goes on; before that, what the queue still held
+        cannot be read, and the task runs again elsewhere (its worker, told to close it,
+        is free at once).
+        """
+        stream, task.stream = task.stream, None
+        if stream is not None:
+            with contextlib.suppress(MessagingError):
+                stream.close()
+        if task.task_id not in self.tasks or task.done:
+            logger.info("task %s: its metadata queue is gone after its last item (%s)", task.task_id, error.message)
+            return
+        logger.warning(
+            "task %s lost its metadata queue on %s (%s); running it again elsewhere",
+            task.task_id,
+            task.worker_id,
+            error.message,
+        )
+        if task.control_queue is not None:
+            with contextlib.suppress(MessagingError):
+                self.bus.abandon(
+                    self.bus.send(task.control_queue, close_task(task.task_id), timeout_s=self.timeouts.close_s)
+                )
+        self.drop(task, rerun=True)
 
     def _handle(self, task: Task, item: MetadataItem) -> None:
         try:
@@ -260,8 +296,11 @@ class TaskDriver:
             logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)
             self.complete(task, None)
             return
-        task.state = State.CLOSING
-        task.deadline = time.monotonic() + self.timeouts.close_s
+        if task.state is not State.CLOSING:
+            task.state = State.CLOSING
+            task.deadline = time.monotonic() + self.timeouts.close_s
+            task.close_resend_s = CLOSE_RESEND_S
+        task.resend_at = time.monotonic() + task.close_resend_s
 
     def _poll_close(self, task: Task) -> None:
         assert task.correlation_id is not None
@@ -276,10 +315,16 @@ class TaskDriver:
             self.complete(task, None)
             return
         if result is None:
-            if time.monotonic() > task.deadline:
+            now = time.monotonic()
+            if now > task.deadline:
                 logger.warning("task %s: no close reply from %s", task.task_id, task.worker_id)
                 self.bus.abandon(task.correlation_id)
                 self.complete(task, None)
+            elif now > task.resend_at:
+                logger.info("task %s: no close reply from %s yet; asking again", task.task_id, task.worker_id)
+                self.bus.abandon(task.correlation_id)
+                task.close_resend_s *= 2
+                self.send_close(task)
             return
         try:
             finish = FinishInfo.from_wire(result)
@@ -360,10 +405,8 @@ class TaskDriver:
             task.stream.close()
             task.stream = None
         if task.metadata_queue is not None:
-            try:
-                self.bus.delete(task.metadata_queue)
-            except MessagingError as exc:
-                logger.debug("could not delete %s: %s", task.metadata_queue, exc.message)
+            # Never waited for: a deletion can take seconds on a degraded cluster.
+            self.bus.delete(task.metadata_queue)
 
     # -- shutdown -------------------------------------------------------------------
 

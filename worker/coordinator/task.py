@@ -71,6 +71,9 @@ class Task:
     done: bool = False
     """The worker said ``collector_done``: close it."""
     misses: int = 0
+    resend_at: float = 0.0
+    """While closing: when the close is sent again if no reply came."""
+    close_resend_s: float = 0.0
     """Liveness checks in a row that found the worker's control queue gone."""
     cancelled: bool = False
     """The run is ending: close the task as soon as it has started."""
