@@ -27,11 +27,13 @@ import dataclasses
 import json
 import math
 import tomllib
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from messaging import ConfigurationError
+from worker import json_text
 from worker.errors import TaskError
 from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.config import LearnerSpec
@@ -86,6 +88,17 @@ def _usable_env_spec(env_id: str) -> Any:
     except TaskError as exc:
         raise ConfigurationError(f"the job's tasks would be refused: {exc.message}") from None
     return gym.spec(env_id)
+
+
+def _read_float_texts(section_type: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the texts ``job.json`` writes for non-finite floats (``"inf"``) read back as floats."""
+    hints = typing.get_type_hints(section_type)
+    return {
+        key: float(value)
+        if hints.get(key) is float and isinstance(value, str) and value in ("inf", "-inf", "nan")
+        else value
+        for key, value in values.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -243,6 +256,7 @@ class JobConfig:
                 raise ConfigurationError(f"unknown keys in [{name}]: {sorted(unknown)}; known: {sorted(known)}")
             if "hidden_sizes" in values:
                 values["hidden_sizes"] = tuple(values["hidden_sizes"])
+            values = _read_float_texts(section_type, values)
             try:
                 sections[name] = section_type(**values)
             except (TaskError, TypeError, ValueError) as exc:
@@ -268,8 +282,11 @@ class JobConfig:
         return []
 
     def to_json(self) -> str:
-        """The job as ``job.json``: :meth:`load` reads it back to an equal config."""
-        return json.dumps(dataclasses.asdict(self), indent=2, default=list)
+        """The job as ``job.json``: :meth:`load` reads it back to an equal config.
+
+        Strict JSON: an infinite stop value is written as ``"inf"`` (see :mod:`worker.json_text`).
+        """
+        return json_text.dumps(dataclasses.asdict(self), indent=2, default=list)
 
     # -- task bodies ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@ against RabbitMQ and real workers; these pin down what it decides, turn by turn.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from messaging import MessagingError, Settings
 from tests.fake_bus import FakeBus, Sent
+from worker import json_text
 from worker.config import CoordinatorConfig
 from worker.coordinator import driver as driver_module
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
@@ -522,3 +524,40 @@ def test_a_task_started_twice_is_closed_where_nobody_follows_it(tmp_path: Path) 
     assert closes[0].correlation_id in bus.abandoned
     assert coordinator.driver.tasks[task_id].state is State.RUNNING
     assert coordinator.driver.tasks[task_id].worker_id == "w1"
+
+
+def test_an_eval_cut_short_by_the_end_of_the_run_is_no_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an eval task running when the run ends
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=0.0)
+    coordinator.turn()
+    (evaluation,) = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag]
+    bus.accept(evaluation, "w9")
+    coordinator.turn()
+    # When the shutdown closes it and its worker answers with no episode finished
+    coordinator.stop.set()
+    with caplog.at_level("INFO", logger="worker.coordinator.loop"):
+        coordinator.driver.close_all()
+        bus.replies[bus.sent[-1].correlation_id] = finished(
+            eval_flag=True, train_iter=9, steps=40, returns=[]
+        ).to_wire()
+        coordinator._shutdown()
+    # Then it is said at INFO, not warned about
+    (record,) = [r for r in caplog.records if "eval task" in r.getMessage()]
+    assert record.levelname == "INFO" and "cut short by the end of the run" in record.getMessage()
+
+
+def test_the_run_log_and_summary_of_a_run_without_a_stop_value_are_strict_json(tmp_path: Path) -> None:
+    coordinator, _bus = make(tmp_path, idle=0)
+    coordinator.job = JobConfig.load(None, **{"env.stop_value": math.inf})
+    coordinator.stop.set()
+    summary = coordinator.run()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    written = [json.loads(line, parse_constant=refuse) for line in lines][-1]
+    assert written["stop_value"] == "inf" and float(written["stop_value"]) == summary["stop_value"]
+    assert json.loads(json_text.dumps(summary), parse_constant=refuse)["stop_value"] == "inf"

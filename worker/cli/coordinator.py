@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import threading
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
+from worker import json_text
 from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, non_negative_int
 from worker.logs import setup_logging
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
-    print(json.dumps(summary))
+    print(json_text.dumps(summary))
     if summary["error"]:
         print(f"warren coordinator: {summary['error']}", file=sys.stderr)
         return 1

@@ -55,6 +55,11 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
         help="how the durable queues are declared; quorum: replicated, survives a node loss "
         "(WARREN_QUEUE_TYPE; default classic; the same in every process of a deployment)",
     )
+    add_output_flags(parser)
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--verbose``: every command takes them."""
     output = parser.add_argument_group("output")
     output.add_argument(
         "--log-level",

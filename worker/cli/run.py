@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from typing import IO, Any
 
 from messaging import BrokerLink, Names, Settings, WarrenError
 from messaging.settings import to_env
+from worker import json_text
 from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
 from worker.cli.named_run import RunIdentity, join_command, loopback_hosts, run_identity, run_name
 from worker.logs import setup_logging
@@ -52,8 +52,8 @@ def add_parser(commands: Any) -> None:
             "run's own directory (runs/<id>, or runs/NAME with --name, which collectors elsewhere can "
             "join), and run the coordinator here until the stop value (CartPole-v1 "
             "to 195 by default). Ctrl-C stops everything. Exit code 0 when the stop value was reached, "
-            "3 when a budget ran out, 1 when the run could not go on (no broker, an env the job "
-            "cannot use, the learner or every collector gone), 2 for a bad command line or config."
+            "3 when a budget ran out, 1 when the run could not go on (no broker, the learner or every "
+            "collector gone), 2 for a bad command line or config (an env the job cannot use included)."
         ),
     )
     add_transport_flags(parser)
@@ -197,8 +197,8 @@ def run(args: argparse.Namespace) -> int:
     summary["children_exit_codes"] = codes
     summary["children_pids"] = {name: proc.pid for name, proc in children.procs.items()}
     summary["workdir"] = str(workdir)
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    (workdir / "summary.json").write_text(json_text.dumps(summary, indent=2))
+    print(json_text.dumps(summary))
     if summary["error"]:
         print(f"warren run: {summary['error']}", file=sys.stderr)
         return 1

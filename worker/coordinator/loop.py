@@ -87,6 +87,7 @@ class Coordinator:
         self._checkpoint_due = False
         self.shutdown_s = SHUTDOWN_S
         """How long running tasks get to close when the run ends."""
+        self._ending = False
 
     # -- the run --------------------------------------------------------------------
 
@@ -259,7 +260,11 @@ class Coordinator:
             return
         if finish is None or finish.error or not finish.real_episode_count:
             why = (finish.error if finish is not None else None) or "no close reply"
-            logger.warning("eval task %s produced no episodes (%s)", task.task_id, why)
+            if self._ending and not (finish is not None and finish.error):
+                # Closed by the run's end before its episodes were over: expected, not a fault.
+                logger.info("eval task %s was cut short by the end of the run (%s)", task.task_id, why)
+            else:
+                logger.warning("eval task %s produced no episodes (%s)", task.task_id, why)
             return
         self.stats.record_eval(finish.reward_mean)
         self.stats.policy_iter = max(self.stats.policy_iter, finish.train_iter)
@@ -310,6 +315,7 @@ class Coordinator:
     def _shutdown(self) -> None:
         """Close running tasks (bounded), forward what they already sent, then leave."""
         deadline = time.monotonic() + self.shutdown_s
+        self._ending = True
         self.driver.close_all()
         while self.driver.tasks and time.monotonic() < deadline:
             try:

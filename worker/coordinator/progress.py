@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -14,6 +13,7 @@ from rich.live import Live
 from rich.segment import Segment
 from rich.text import Text
 
+from worker import json_text
 from worker.coordinator.stats import RunStats
 
 
@@ -178,7 +178,7 @@ class RunLog:
     def write(self, kind: str, record: dict[str, Any]) -> None:
         if self._file is None:
             return
-        self._file.write(json.dumps({"kind": kind, "time": time.time(), **record}, default=str) + "\n")
+        self._file.write(json_text.dumps({"kind": kind, "time": time.time(), **record}, default=str) + "\n")
         self._file.flush()
 
     def close(self) -> None:
