@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_stop_handlers(stop)
     single_threaded_math()
     from messaging import ConfigurationError
+    from worker.cli.flags import read_environment
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        read_environment(args)
         code: int = args.run(args)
     except ConfigurationError as exc:
         print(f"warren {args.command}: {exc.message}", file=sys.stderr)

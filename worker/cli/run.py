@@ -24,15 +24,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from messaging import BrokerLink, Names, Settings, WarrenError
 from messaging.settings import to_env
 from worker import json_text
-from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
+from worker.cli.flags import (
+    ENV_FLAGS,
+    add_job_flags,
+    add_transport_flags,
+    env_variable,
+    flag_values,
+    job_config,
+    log_level,
+    positive_int,
+)
 from worker.cli.named_run import RunIdentity, join_command, loopback_hosts, run_identity, run_name
+from worker.config import CoordinatorConfig, role_config
+from worker.job import JobConfig
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -41,6 +52,16 @@ logger = logging.getLogger(__name__)
 CHILD_GRACE_S = 30.0
 #: Connect budget of the checks before and after the run: a broker is there or it is not.
 PREFLIGHT_CONNECT_S = 5.0
+#: Collector processes unless ``--collectors`` or ``WARREN_COLLECTORS`` say otherwise.
+DEFAULT_COLLECTORS = 2
+#: Variables ``warren run`` sets itself for its processes, and why (a value given is ignored, with a warning).
+RUN_SETS = {
+    "WARREN_PATH_DATA": "the run's own <workdir>/data",
+    "WARREN_PATH_POLICY": "the run's own <workdir>/policy",
+    "WARREN_RUN_LOG": "the run's own <workdir>/run.jsonl",
+    "WARREN_WORKER_ID": "its collectors are c0, c1...",
+    "WARREN_COLLECT_TASKS": "one collect task per collector (per listening collector with --name)",
+}
 
 
 def add_parser(commands: Any) -> None:
@@ -58,7 +79,9 @@ def add_parser(commands: Any) -> None:
     )
     add_transport_flags(parser)
     add_job_flags(parser)
-    parser.add_argument("--collectors", type=positive_int, default=2, help="collector processes (default 2)")
+    parser.add_argument(
+        "--collectors", type=positive_int, help=f"collector processes (WARREN_COLLECTORS; default {DEFAULT_COLLECTORS})"
+    )
     parser.add_argument(
         "--name",
         type=run_name,
@@ -71,8 +94,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--progress",
         choices=["auto", "line", "log", "off"],
-        default="auto",
-        help="live status line (auto: on a terminal), periodic log lines, or nothing",
+        help="live status line (auto: on a terminal), periodic log lines, or nothing (WARREN_PROGRESS; auto)",
     )
     parser.set_defaults(run=run)
 
@@ -137,22 +159,55 @@ class Children:
         return codes
 
 
-def run(args: argparse.Namespace) -> int:
-    from worker.config import CoordinatorConfig, role_config
-    from worker.coordinator.loop import Coordinator
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Everything a run is made of, decided before anything starts."""
 
+    config: CoordinatorConfig
+    """The coordinator's settings: the run's own prefix and run log, the job."""
+    identity: RunIdentity
+    collectors: int
+    children_env: dict[str, str]
+    """The environment of the learner and the collectors (see :func:`child_env`)."""
+    ignored: dict[str, str]
+    """Variables of :data:`RUN_SETS` that were set, and why the run sets them itself."""
+
+    @property
+    def job(self) -> JobConfig:
+        return self.config.job
+
+
+def plan_run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RunPlan:
+    """The run ``args`` ask for, with ``WARREN_*`` variables read as every role reads them.
+
+    Raises:
+        ConfigurationError: a flag, a variable or the job cannot be used.
+    """
+    env = os.environ if env is None else env
+    collectors = args.collectors if args.collectors is not None else DEFAULT_COLLECTORS
     # A named run keeps one collect task per collector listening on its task queue, so
     # collectors that join from other machines get collect work too; an unnamed run has
     # only its own collectors, a fixed number.
-    collect_tasks = 0 if args.name else args.collectors
+    collect_tasks = 0 if args.name else collectors
     job = job_config(args, **{"coordinator.collect_tasks": collect_tasks})
-    config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
+    config = role_config(CoordinatorConfig, env, job=job, **flag_values(args, CoordinatorConfig))
     # The run's own prefix: its queues cannot meet those of any other deployment or run.
     identity = run_identity(config.transport.prefix, args.name, args.workdir)
-    run_id, workdir = identity.run_id, identity.workdir
     transport = config.transport.replace(prefix=identity.prefix)
-    config = dataclasses.replace(config, transport=transport, run_log=workdir / "run.jsonl")
+    config = dataclasses.replace(config, transport=transport, run_log=identity.workdir / "run.jsonl")
+    ignored = {name: why for name, why in RUN_SETS.items() if env.get(name)}
+    return RunPlan(config, identity, collectors, child_env(transport, identity.workdir, env), ignored)
+
+
+def run(args: argparse.Namespace) -> int:
+    from worker.coordinator.loop import Coordinator
+
+    plan = plan_run(args)
+    config, identity, job = plan.config, plan.identity, plan.job
+    run_id, workdir, transport = identity.run_id, identity.workdir, config.transport
     setup_logging("run", log_level(args))
+    for name, why in plan.ignored.items():
+        logger.warning("%s is ignored: warren run sets it itself (%s)", name, why)
     problem = preflight(config)
     if problem is not None:
         logger.critical("%s", problem)
@@ -165,11 +220,11 @@ def run(args: argparse.Namespace) -> int:
     job_file = workdir / "job.json"
     job_file.write_text(job.to_json())
     stop: threading.Event = args.stop
-    children = Children(child_env(transport, workdir), workdir / "logs")
+    children = Children(plan.children_env, workdir / "logs")
     logger.info(
         "run %s: %d collectors%s, workdir %s, queue prefix %s",
         run_id,
-        args.collectors,
+        plan.collectors,
         " here (more may join: one collect task per listening collector)" if identity.named else "",
         workdir,
         transport.prefix,
@@ -178,10 +233,10 @@ def run(args: argparse.Namespace) -> int:
         _log_how_to_join(transport, workdir)
     level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
     children.start("learner", ["learner", "--config", str(job_file), *level])
-    for i in range(args.collectors):
+    for i in range(plan.collectors):
         children.start(f"collector-{i}", ["collector", "--worker-id", collector_id(i), *level])
     coordinator = Coordinator(config, stop)
-    children.watch(_ChildDeaths(coordinator, args.collectors).on_exit)
+    children.watch(_ChildDeaths(coordinator, plan.collectors).on_exit)
     try:
         summary = coordinator.run()
     except WarrenError as exc:
@@ -300,15 +355,19 @@ def collector_id(index: int) -> str:
     return f"c{index}"
 
 
-def child_env(transport: Settings, workdir: Path) -> dict[str, str]:
-    """The children's environment: this process's, with every transport setting of the run.
+def child_env(transport: Settings, workdir: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The children's environment: ``env`` (this process's), with every transport setting of the run.
 
     Every field of ``transport`` is passed (not a hand-picked subset), so a setting given
     to ``warren run`` as a flag reaches the collectors and the learner as it reaches the
-    coordinator.
+    coordinator; the roles' own variables (``WARREN_STALL_TIMEOUT_S``,
+    ``WARREN_TORCH_THREADS``...) pass as they are. The job's variables do not: the job
+    reaches the learner whole, in ``job.json``, with the flags that overrode them applied.
     """
+    env = os.environ if env is None else env
+    job_variables = {env_variable(flag) for flag in ENV_FLAGS}
     return {
-        **os.environ,
+        **{name: value for name, value in env.items() if name not in job_variables},
         **to_env(transport),
         "WARREN_PATH_DATA": str(workdir / "data"),
         "WARREN_PATH_POLICY": str(workdir / "policy"),
