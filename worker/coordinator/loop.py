@@ -36,6 +36,12 @@ TURN_S = 0.05
 CHECKPOINT_MIN_S = 0.5
 #: How long running tasks get to close when the run ends.
 SHUTDOWN_S = 15.0
+#: How long a start request not answered yet may still be taken when the run ends. A worker
+#: that listens takes one within milliseconds; longer, nobody will, and waiting the whole
+#: SHUTDOWN_S for it overran the run's budget by 15 s when no collector listened.
+START_CANCEL_S = 1.0
+#: No collector listening and none running a task for this long: say so (once per absence).
+NO_WORKER_NOTICE_S = 5.0
 #: Pause before the next start after a transient refusal, doubling up to the maximum.
 REFUSAL_BACKOFF_S = 0.2
 REFUSAL_BACKOFF_MAX_S = 5.0
@@ -88,6 +94,7 @@ class Coordinator:
         self.shutdown_s = SHUTDOWN_S
         """How long running tasks get to close when the run ends."""
         self._ending = False
+        self._no_worker_since: float | None = time.monotonic()  # none seen yet
 
     # -- the run --------------------------------------------------------------------
 
@@ -120,6 +127,7 @@ class Coordinator:
             self.driver.advance_all()
             if time.monotonic() >= self._next_check:
                 self._idle_workers = self.bus.consumers(self.names.collector_tasks)
+                self._notice_missing_workers()
                 self.driver.check_liveness()
                 self._next_check = time.monotonic() + LIVENESS_CHECK_S
                 self._checkpoint()
@@ -130,6 +138,32 @@ class Coordinator:
             logger.error("broker unavailable: %s", exc.message)
             self.stop.wait(1.0)
         self.progress.update(self.stats, self.driver.workers_alive())
+
+    def _notice_missing_workers(self) -> None:
+        """Say once, after NO_WORKER_NOTICE_S, that no collector listens and none runs a task.
+
+        Otherwise a coordinator started with the wrong prefix or broker, or before any
+        collector, shows only zeros for its whole run.
+        """
+        working = any(t.worker_id is not None for t in self.driver.tasks.values())
+        now = time.monotonic()
+        if self._idle_workers > 0 or working:
+            if self.stats.no_workers:
+                logger.info("a collector is listening on %s now", self.names.collector_tasks)
+            self._no_worker_since = None
+            self.stats.no_workers = False
+            return
+        if self._no_worker_since is None:
+            self._no_worker_since = now
+        elif not self.stats.no_workers and now - self._no_worker_since >= NO_WORKER_NOTICE_S:
+            self.stats.no_workers = True
+            logger.warning(
+                "no collector is listening on %s (none for %.0f s): start one with the same broker and prefix"
+                " (warren collector --prefix %s), or check WARREN_AMQP_URL and WARREN_PREFIX",
+                self.names.collector_tasks,
+                now - self._no_worker_since,
+                self.names.prefix,
+            )
 
     def abort(self, reason: str) -> None:
         """End the run as failed (from any thread): the job cannot succeed, say why and stop."""
@@ -314,10 +348,15 @@ class Coordinator:
 
     def _shutdown(self) -> None:
         """Close running tasks (bounded), forward what they already sent, then leave."""
-        deadline = time.monotonic() + self.shutdown_s
+        now = time.monotonic()
+        deadline, starts_deadline = now + self.shutdown_s, now + min(START_CANCEL_S, self.shutdown_s)
         self._ending = True
         self.driver.close_all()
         while self.driver.tasks and time.monotonic() < deadline:
+            if time.monotonic() >= starts_deadline and all(
+                t.state is State.STARTING for t in self.driver.tasks.values()
+            ):
+                break  # only start requests nobody took: nobody will now
             try:
                 self.bus.wait(0.1)
                 self.driver.advance_all()

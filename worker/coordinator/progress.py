@@ -33,6 +33,7 @@ def status_text(stats: RunStats, workers: str, *, final: bool = False) -> str:
         f" | samples {stats.samples:,} | episodes {stats.episodes:,} | eval {eval_text}"
         f" | {workers} | policy iter {stats.policy_iter:,} | ratio {stats.replay_ratio():.3f}"
         + (" | held: learner behind" if stats.held_back and not final else "")
+        + (" | no collector listening" if stats.no_workers and not final else "")
     )
 
 

@@ -31,6 +31,8 @@ class RunStats:
     """When the first data item arrived (monotonic): collection time is counted from there."""
     held_back: bool = False
     """Collect tasks are being held back: the learner is behind (see the coordinator's rate limit)."""
+    no_workers: bool = False
+    """No collector has listened on the task queue or run a task for a while (the coordinator said so)."""
     workers: set[str] = field(default_factory=set)
     rate_window: list[tuple[float, int]] = field(default_factory=list)
 
