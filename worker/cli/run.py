@@ -194,7 +194,10 @@ def plan_run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> 
     # The run's own prefix: its queues cannot meet those of any other deployment or run.
     identity = run_identity(config.transport.prefix, args.name, args.workdir)
     transport = config.transport.replace(prefix=identity.prefix)
-    config = dataclasses.replace(config, transport=transport, run_log=identity.workdir / "run.jsonl")
+    workdir = identity.workdir
+    config = dataclasses.replace(
+        config, transport=transport, run_log=workdir / "run.jsonl", path_policy=workdir / "policy"
+    )
     ignored = {name: why for name, why in RUN_SETS.items() if env.get(name)}
     return RunPlan(config, identity, collectors, child_env(transport, identity.workdir, env), ignored)
 

@@ -25,6 +25,7 @@ from worker.coordinator.progress import Progress, RunLog
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.protocol import FinishInfo, Refusal
+from worker.storage.counters import counters_path, read_counters
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ SHUTDOWN_S = 15.0
 START_CANCEL_S = 1.0
 #: No collector listening and none running a task for this long: say so (once per absence).
 NO_WORKER_NOTICE_S = 5.0
+#: Learner counters written this long before the coordinator started still count as this
+#: run's (the clocks of the learner's and the coordinator's machines may differ a little).
+COUNTERS_CLOCK_SLACK_S = 5.0
 #: Pause before the next start after a transient refusal, doubling up to the maximum.
 REFUSAL_BACKOFF_S = 0.2
 REFUSAL_BACKOFF_MAX_S = 5.0
@@ -95,6 +99,8 @@ class Coordinator:
         """How long running tasks get to close when the run ends."""
         self._ending = False
         self._no_worker_since: float | None = time.monotonic()  # none seen yet
+        self._counters_path = counters_path(config.path_policy, coord.policy_name)
+        self._started_at = time.time()
 
     # -- the run --------------------------------------------------------------------
 
@@ -128,6 +134,7 @@ class Coordinator:
             if time.monotonic() >= self._next_check:
                 self._idle_workers = self.bus.consumers(self.names.collector_tasks)
                 self._notice_missing_workers()
+                self._read_learner_counters()
                 self.driver.check_liveness()
                 self._next_check = time.monotonic() + LIVENESS_CHECK_S
                 self._checkpoint()
@@ -138,6 +145,17 @@ class Coordinator:
             logger.error("broker unavailable: %s", exc.message)
             self.stop.wait(1.0)
         self.progress.update(self.stats, self.driver.workers_alive())
+
+    def _read_learner_counters(self) -> None:
+        """The learner's own counters, when it wrote them since this coordinator started.
+
+        An older file is an earlier run's (a learner that resumes rewrites it within a
+        policy write interval); a coordinator that cannot see the learner's policy
+        directory keeps the replay ratio unknown rather than guessing it.
+        """
+        counted = read_counters(self._counters_path)
+        if counted is not None and counted.written_at >= self._started_at - COUNTERS_CLOCK_SLACK_S:
+            self.stats.learner = counted
 
     def _notice_missing_workers(self) -> None:
         """Say once, after NO_WORKER_NOTICE_S, that no collector listens and none runs a task.
@@ -188,6 +206,8 @@ class Coordinator:
     def summary(self) -> dict[str, Any]:
         """The run's outcome and counters (printed, written to ``summary.json`` and the run log)."""
         stats = self.stats
+        self._read_learner_counters()
+        learner, ratio = stats.learner, stats.replay_ratio()
         return {
             "success": self.success,
             "reason": self.reason,
@@ -204,8 +224,10 @@ class Coordinator:
             "tasks_rerun": stats.tasks_rerun,
             "evals": stats.evals,
             "policy_iter": stats.policy_iter,
-            "replay_ratio": round(stats.replay_ratio(), 4),
+            "replay_ratio": None if ratio is None else round(ratio, 4),
             "replay_ratio_configured": self.job.learner.train_steps_per_sample,
+            "learner_train_steps": None if learner is None else learner.train_steps,
+            "learner_samples": None if learner is None else learner.samples,
             "workers_seen": sorted(stats.workers),
         }
 

@@ -33,6 +33,7 @@ from worker.rl.envs import make_env
 from worker.rl.fast_dqn import NumpyDQNLearner
 from worker.rl.policy import limit_torch_threads
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
+from worker.storage.counters import LearnerCounters, counters_path, read_counters, write_counters
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Learner:
         self._recent: set[str] = set()
         self._recent_order: collections.deque[str] = collections.deque()
         self._last_write = 0.0
+        self._counters = counters_path(config.path_policy, self.job.coordinator.policy_name)
 
     def run(self) -> None:
         """Serve until ``stop`` is set."""
@@ -126,6 +128,9 @@ class Learner:
             try:
                 self.learner.load_policy(snapshot.state_dict, snapshot.iter)
                 logger.info("resumed from policy iter %d", snapshot.iter)
+                counted = read_counters(self._counters)  # the run's counters go on with its policy
+                if counted is not None:
+                    self.stats.train_steps, self.stats.samples = counted.train_steps, counted.samples
                 return
             except ValueError as exc:
                 logger.warning("policy file does not fit this network (%s); starting fresh", exc)
@@ -212,6 +217,10 @@ class Learner:
         self.policies.write(self._policy_name, self.learner.policy_state(), self.learner.iter)
         self.stats.policies_written += 1
         self._last_write = time.monotonic()
+        counted = LearnerCounters.now(
+            train_steps=self.stats.train_steps, samples=self.stats.samples, policy_iter=self.learner.iter
+        )
+        write_counters(self._counters, counted)  # what the run's summary reports as its replay ratio
 
     def _report(self) -> None:
         s = self.stats
