@@ -183,8 +183,8 @@ def add_job_flags(parser: argparse.ArgumentParser, *, run_end: bool = True) -> N
         )
 
 
-def job_config(args: argparse.Namespace, **extra: object) -> JobConfig:
-    """The job config from ``--config`` and the override flags the role has."""
+def job_config(args: argparse.Namespace, *, config_file: Path | None = None, **extra: object) -> JobConfig:
+    """The job config from ``--config`` (or ``config_file``) and the override flags the role has."""
     flags = {
         "env.id": "env_id",
         "env.seed": "seed",
@@ -193,4 +193,4 @@ def job_config(args: argparse.Namespace, **extra: object) -> JobConfig:
         "coordinator.max_time_s": "max_time_s",
     }
     overrides: dict[str, object] = {key: getattr(args, name, None) for key, name in flags.items()}
-    return JobConfig.load(args.config, **overrides, **extra)
+    return JobConfig.load(config_file if config_file is not None else args.config, **overrides, **extra)

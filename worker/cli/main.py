@@ -19,7 +19,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from worker.cli import collector, coordinator, learner, plot, run
+    from worker.cli import clean, collector, coordinator, learner, plot, run
 
     parser = argparse.ArgumentParser(
         prog="warren",
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for role in (collector, coordinator, learner, run, plot):
+    for role in (collector, coordinator, learner, run, plot, clean):
         role.add_parser(commands)
     return parser
 

@@ -58,10 +58,17 @@ class Coordinator:
         config: broker settings, the job, run log path, progress mode.
         stop: set it (e.g. from a signal handler) to end the run early.
         bus: the broker operations; a :class:`~worker.coordinator.bus.BrokerBus` by default.
+        continue_ended: go on counting from the run log's last checkpoint even if that run
+            ended (``warren run --resume``); otherwise only an unfinished run is resumed.
     """
 
     def __init__(
-        self, config: CoordinatorConfig, stop: threading.Event | None = None, *, bus: CoordinatorBus | None = None
+        self,
+        config: CoordinatorConfig,
+        stop: threading.Event | None = None,
+        *,
+        bus: CoordinatorBus | None = None,
+        continue_ended: bool = False,
     ) -> None:
         self.config = config
         self.job = config.job
@@ -95,6 +102,7 @@ class Coordinator:
         self._refusals = 0
         self._last_checkpoint = 0.0
         self._checkpoint_due = False
+        self.continue_ended = continue_ended
         self.shutdown_s = SHUTDOWN_S
         """How long running tasks get to close when the run ends."""
         self._ending = False
@@ -109,7 +117,7 @@ class Coordinator:
         coord = self.job.coordinator
         self.bus.open(self.names.collector_tasks_decl(), self.names.learner_data_decl(coord.buffer_id))
         self._idle_workers = self.bus.consumers(self.names.collector_tasks)
-        checkpoint = last_checkpoint(self.config.run_log)
+        checkpoint = last_checkpoint(self.config.run_log, after_end=self.continue_ended)
         if checkpoint is not None:
             self._resume(checkpoint)
         logger.info(
@@ -395,6 +403,8 @@ class Coordinator:
                 self.bus.abandon(task.correlation_id)
             with contextlib.suppress(MessagingError):
                 self.driver.drop(task, rerun=False)
+        # The counters as they end, for a run that is resumed later (warren run --resume).
+        self._checkpoint()
         summary = self.summary()
         self.progress.finish(summary)
         self.run_log.write("summary", summary)
