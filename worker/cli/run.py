@@ -205,7 +205,7 @@ def plan_run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> 
     # collectors that join from other machines get collect work too; an unnamed run has
     # only its own collectors, a fixed number.
     collect_tasks = 0 if args.name else collectors
-    base = Settings.from_env(env, **{k: v for k, v in flag_values(args, Settings).items()})
+    base = Settings.from_env(env, **flag_values(args, Settings))
     # The run's own prefix: its queues cannot meet those of any other deployment or run.
     identity = run_identity(base.prefix, args.name, args.workdir)
     resumed_job = identity.workdir / "job.json"
