@@ -185,9 +185,8 @@ def test_a_clean_up_removes_only_what_interrupted_runs_left(settings: Settings, 
         consumer.process_events(0.2)
         # When the next run starts: only the interrupted unnamed run that nobody uses is removed
         sweep_interrupted_runs(runs, settings, skip=tmp_path / "runs" / "me")
-        assert not exists(settings, dead_names.learner_data("main")) and not exists(
-            settings, dead_names.collector_tasks
-        )
+        for queue in (dead_names.learner_data("main"), dead_names.collector_tasks, dead_names.dead_letter_queue):
+            assert not exists(settings, queue), queue
         assert not list((dead / "data").iterdir()) and state_of(dead) is RunState.ENDED
         assert summary_of(dead)["reason"].startswith("interrupted")
         assert exists(settings, alive_names.learner_data("main")) and list((alive / "data").iterdir())
@@ -198,9 +197,8 @@ def test_a_clean_up_removes_only_what_interrupted_runs_left(settings: Settings, 
         consumer.close()
     # And warren clean removes the interrupted named run's, and the stopping one's now it stopped
     assert main(["clean", str(named), str(stopping), str(alive), "--amqp-url", settings.amqp_url]) == 0
-    assert not exists(settings, named_names.collector_tasks) and not exists(
-        settings, stopping_names.learner_data("main")
-    )
+    for queue in (named_names.collector_tasks, named_names.dead_letter_queue, stopping_names.learner_data("main")):
+        assert not exists(settings, queue), queue
     assert state_of(named) is RunState.ENDED and state_of(stopping) is RunState.ENDED
     assert exists(settings, alive_names.learner_data("main")) and state_of(alive) is RunState.RUNNING
     alive_lock.release()

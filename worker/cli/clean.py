@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from worker.cli.cleanup import clean_ended_named, clean_interrupted
+from worker.cli.cleanup import clean_ended, clean_interrupted
 from worker.cli.flags import add_transport_flags, flag_values, log_level
 from worker.cli.named_run import RUNS_DIR
 from worker.cli.run_dir import RunState, state_of
@@ -23,8 +23,9 @@ def add_parser(commands: Any) -> None:
         description=(
             "For every run directory given (default: each one under runs/): a run that was interrupted "
             "(its process died without cleaning up: a second Ctrl-C, a kill) has its queues deleted from "
-            "the broker, its step files removed and a summary written; a named run that ended has the task "
-            "queue and dead letters it kept for joined collectors deleted, once no collector listens. A "
+            "the broker, its step files removed and a summary written; a run that ended has the dead letters "
+            "it kept for inspection deleted, and a named one the task queue it kept for joined collectors, "
+            "once no collector listens on it. A "
             "run that is alive is left alone, and so are queues that still have consumers. Use the broker "
             "the runs used (WARREN_AMQP_URL). Logs, run logs and policies stay. Exit code 0 when "
             "everything is clean, 1 when something was left."
@@ -49,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
         if state is RunState.RUNNING:
             logger.info("%s: the run is alive; left alone", workdir)
         elif state is RunState.INTERRUPTED:
-            left += not clean_interrupted(workdir, transport, named_too=True)
+            left += not clean_interrupted(workdir, transport, named_too=True, dead_letters_too=True)
         elif state is RunState.ENDED:
-            left += not clean_ended_named(workdir, transport)
+            left += not clean_ended(workdir, transport)
         else:
             logger.info("%s: no run used it", workdir)
     return 1 if left else 0

@@ -15,7 +15,6 @@ named run) is left for the next time, with a log line that says so.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable
@@ -33,12 +32,21 @@ logger = logging.getLogger(__name__)
 CLEANUP_CONNECT_S: Final = 5.0
 
 
-def remove_run_topology(transport: Settings, buffer_id: str, *, keep_shared: bool, extra: Iterable[str] = ()) -> bool:
-    """Delete what a run declared under ``transport.prefix`` (a dead-letter queue holding messages stays).
+def remove_run_topology(
+    transport: Settings,
+    buffer_id: str,
+    *,
+    keep_shared: bool,
+    extra: Iterable[str] = (),
+    keep_dead_letters: bool = True,
+) -> bool:
+    """Delete what a run declared under ``transport.prefix``.
 
     ``keep_shared``: keep the task queue and dead-letter queue (a named run's: collectors
     that joined from elsewhere keep consuming them). ``extra``: more queues of the run (the
-    metadata queues of tasks it was following). Returns whether the broker could be used.
+    metadata queues of tasks it was following). ``keep_dead_letters``: a dead-letter queue
+    holding messages stays, for inspection (``warren clean`` removes it later). Returns
+    whether the broker could be used.
     """
     names = Names.of(transport)
     quick = transport.replace(connect_timeout_s=CLEANUP_CONNECT_S)
@@ -56,9 +64,15 @@ def remove_run_topology(transport: Settings, buffer_id: str, *, keep_shared: boo
                 return True
             link.delete_queue(names.collector_tasks)
             kept = link.queue_depth(names.dead_letter_queue) or 0
-            if kept:
-                logger.warning("%d dead letters kept in %s for inspection", kept, names.dead_letter_queue)
+            if kept and keep_dead_letters:
+                logger.warning(
+                    "%d dead letters kept in %s for inspection (warren clean removes them)",
+                    kept,
+                    names.dead_letter_queue,
+                )
             else:
+                if kept:
+                    logger.info("dropping %d dead letters of %s", kept, names.dead_letter_queue)
                 link.delete_queue(names.dead_letter_queue)
                 link.delete_exchange(names.dead_letter_exchange)
     except WarrenError as exc:
@@ -88,11 +102,13 @@ def _consumers(transport: Settings, queues: list[str]) -> dict[str, int] | None:
         return None
 
 
-def clean_interrupted(workdir: Path, transport: Settings, *, named_too: bool) -> bool:
+def clean_interrupted(workdir: Path, transport: Settings, *, named_too: bool, dead_letters_too: bool = False) -> bool:
     """Remove what the interrupted run of ``workdir`` left; returns whether it is clean now.
 
     ``transport``: this process's broker settings (the run's prefix comes from its record).
     A run that used another broker, is alive, or whose queues still have consumers is left.
+    ``named_too``: a named run's too (``warren clean``; the next run leaves one for its
+    ``--resume``). ``dead_letters_too``: a dead-letter queue holding messages as well.
     """
     record = read_record(workdir)
     if record is None:
@@ -113,7 +129,7 @@ def clean_interrupted(workdir: Path, transport: Settings, *, named_too: bool) ->
         return False  # its process, or another clean-up, holds it now
     cleaned = False
     try:
-        cleaned = _clean_locked(workdir, record, transport.replace(prefix=record.prefix))
+        cleaned = _clean_locked(workdir, record, transport.replace(prefix=record.prefix), dead_letters_too)
     finally:
         if cleaned:
             lock.release()  # clean: the workdir no longer shows an interrupted run
@@ -122,7 +138,7 @@ def clean_interrupted(workdir: Path, transport: Settings, *, named_too: bool) ->
     return cleaned
 
 
-def _clean_locked(workdir: Path, record: RunRecord, transport: Settings) -> bool:
+def _clean_locked(workdir: Path, record: RunRecord, transport: Settings, dead_letters_too: bool) -> bool:
     names = Names.of(transport)
     in_use = _consumers(transport, [names.collector_tasks, names.learner_data(record.buffer_id)])
     if in_use is None:
@@ -139,7 +155,10 @@ def _clean_locked(workdir: Path, record: RunRecord, transport: Settings) -> bool
     checkpoint = last_checkpoint(workdir / "run.jsonl")
     running = (checkpoint or {}).get("running", {}).values()
     following = [str(task["metadata_queue"]) for task in running if task.get("metadata_queue")]
-    if not remove_run_topology(transport, record.buffer_id, keep_shared=False, extra=following):
+    removed_queues = remove_run_topology(
+        transport, record.buffer_id, keep_shared=False, extra=following, keep_dead_letters=not dead_letters_too
+    )
+    if not removed_queues:
         return False
     removed = remove_step_files(workdir / "data")
     _write_interrupted_summary(workdir, record, checkpoint)
@@ -168,7 +187,7 @@ def _write_interrupted_summary(workdir: Path, record: RunRecord, checkpoint: dic
     run_log = workdir / "run.jsonl"
     if run_log.exists():
         with run_log.open("a", encoding="utf-8") as lines:
-            lines.write(json.dumps({"kind": "summary", "time": time.time(), **summary}) + "\n")
+            lines.write(json_text.dumps({"kind": "summary", "time": time.time(), **summary}) + "\n")
 
 
 def sweep_interrupted_runs(runs_dir: Path, transport: Settings, *, skip: Path) -> None:
@@ -179,11 +198,12 @@ def sweep_interrupted_runs(runs_dir: Path, transport: Settings, *, skip: Path) -
         clean_interrupted(workdir, transport, named_too=False)
 
 
-def clean_ended_named(workdir: Path, transport: Settings) -> bool:
-    """Remove the task queue and dead letters a named run keeps at its end, once no collector listens."""
+def clean_ended(workdir: Path, transport: Settings) -> bool:
+    """Remove what an ended run kept: a named run's task queue (once no collector listens on it)
+    and the dead letters any run keeps for inspection."""
     record = read_record(workdir)
-    if record is None or not record.named:
-        return True  # an unnamed run removed its queues itself
+    if record is None:
+        return True  # not a run this version of warren started: nothing known to remove
     if record.broker != transport.redacted_url:
         logger.info("run %s used another broker (%s): give warren clean its URL", record.run_id, record.broker)
         return False
@@ -192,7 +212,7 @@ def clean_ended_named(workdir: Path, transport: Settings) -> bool:
     in_use = _consumers(run_transport, [names.collector_tasks])
     if in_use is None:
         return False
-    if in_use[names.collector_tasks]:
+    if record.named and in_use[names.collector_tasks]:
         logger.info(
             "run %s: %d collectors still listen on %s; kept it (stop them first)",
             record.run_id,
