@@ -87,3 +87,33 @@ def queues(amqp_url: str, *, management_url: str | None = None) -> list[dict[str
     path = f"/api/queues/{vhost}?columns=name,arguments"
     result: list[dict[str, Any]] = api(amqp_url, "GET", path, management_url=management_url)
     return result
+
+
+#: The protocol name the management API gives the Prometheus plugin's listener.
+PROMETHEUS_PROTOCOL = "http/prometheus"
+
+
+def prometheus_listener_url(overview: dict[str, Any], management_url: str | None = None) -> str | None:
+    """The Prometheus endpoint the broker says it has (``/api/overview``'s listeners), or ``None``.
+
+    The plugin's listener is on the management API's host (the API answered from there),
+    on the port the broker names; a broker without the plugin lists no such listener.
+    """
+    ports = [int(x["port"]) for x in overview.get("listeners", []) if x.get("protocol") == PROMETHEUS_PROTOCOL]
+    if not ports:
+        return None
+    host = urlsplit(management_url or MANAGEMENT_URL).hostname or "localhost"
+    return f"http://{host}:{ports[0]}"
+
+
+def prometheus_url(amqp_url: str) -> str | None:
+    """Where the broker's Prometheus endpoint is: ``WARREN_PROMETHEUS_URL``, else what its
+    management API says (``None``: the broker has no Prometheus plugin).
+
+    Raises:
+        OSError, urllib.error.URLError: the management API does not answer.
+    """
+    given = os.environ.get("WARREN_PROMETHEUS_URL")
+    if given:
+        return given
+    return prometheus_listener_url(api(amqp_url, "GET", "/api/overview"))

@@ -117,6 +117,10 @@ class CoordinatorConfig:
     """JSON-lines log of tasks, evals and checkpoints (also what a restarted coordinator resumes from)."""
     progress: str = "auto"
     """``line`` (live status line), ``log`` (a line every few seconds), ``off``, or ``auto`` (line on a terminal)."""
+    path_policy: Path = Path("./policy")
+    """The learner's policy directory, where it writes its counters (:mod:`worker.storage.counters`):
+    the replay ratio shown and summed up is the learner's own from there, unknown where the
+    coordinator cannot see that directory."""
 
     def __post_init__(self) -> None:
         if self.progress not in ("auto", "line", "log", "off"):

@@ -47,7 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from messaging import ConfigurationError
+from worker import json_text
 from worker.errors import TaskError
+from worker.json_text import finite
 from worker.plugins import Algorithm, PluginKind, PluginRegistry, Spaces, config_to_dict, installed
 from worker.plugins.binding import build_algorithm, env_plugin, make_env_context
 from worker.plugins.registry import GYMNASIUM
@@ -87,6 +89,17 @@ def default_stop_value(env_id: str, plugin: str | None = None) -> float:
             "(--stop-value, or stop_value in [env]; inf runs until a budget ends the run)"
         )
     return float(threshold)
+
+
+def _read_float_texts(section_type: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the texts ``job.json`` writes for non-finite floats (``"inf"``) read back as floats."""
+    hints = typing.get_type_hints(section_type)
+    return {
+        key: float(value)
+        if hints.get(key) is float and isinstance(value, str) and value in ("inf", "-inf", "nan")
+        else value
+        for key, value in values.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -358,21 +371,24 @@ class JobConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The job as plain data, in the layout :meth:`from_dict` reads (``[algorithm]`` keys flat)."""
-        out: dict[str, Any] = {name: _plain(dataclasses.asdict(getattr(self, name))) for name in _SECTIONS}
+        out: dict[str, Any] = {name: finite(dataclasses.asdict(getattr(self, name))) for name in _SECTIONS}
         for name in ("algorithm", "model"):
             section = getattr(self, name)
             out[name] = {
                 **({"name": section.name} if section.name is not None else {}),
                 **({"version": section.version} if section.version is not None else {}),
-                **_plain(dict(section.config)),
+                **finite(dict(section.config)),
             }
         if self.spaces is not None:
-            out["spaces"] = _plain(self.spaces.to_wire())
+            out["spaces"] = finite(self.spaces.to_wire())
         return out
 
     def to_json(self) -> str:
-        """The job as ``job.json``: :meth:`load` reads it back to an equal config."""
-        return json.dumps(self.to_dict(), indent=2)
+        """The job as ``job.json``: :meth:`load` reads it back to an equal config.
+
+        Strict JSON: an infinite stop value is written as ``"inf"`` (see :mod:`worker.json_text`).
+        """
+        return json_text.dumps(self.to_dict(), indent=2)
 
     # -- task bodies ----------------------------------------------------------------
 
@@ -442,9 +458,7 @@ def _section(name: str, section_type: type, raw: Any) -> Any:
             " (an algorithm's settings, such as lr or learning_starts, go in [algorithm])" if name == "learner" else ""
         )
         raise ConfigurationError(f"unknown keys in [{name}]: {sorted(unknown)}; known: {sorted(known)}{moved}")
-    hints = typing.get_type_hints(section_type)
-    # job.json spells infinities as strings (JSON has none): read them back as floats.
-    values = {k: float(v) if hints[k] is float and v in ("inf", "-inf") else v for k, v in raw.items()}
+    values = _read_float_texts(section_type, raw)
     try:
         return section_type(**values)
     except (TaskError, TypeError, ValueError) as exc:
@@ -460,14 +474,3 @@ def _plugin_section(name: str, section_type: type, raw: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigurationError(f"[{name}] {key} must be a string, got {value!r}")
     return section_type(**head, config=values)
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: tuples as lists, infinities as strings (``"inf"``), which ``float()`` reads back."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 from messaging import BrokerLink, Names, Settings
-from tests.broker_admin import api, connections, vhost_of, wait_until
+from tests.broker_admin import api, connections, prometheus_url, vhost_of, wait_until
 from tests.compose import (
     duration_s,
     load_compose,
@@ -34,13 +34,13 @@ from tests.compose import (
     service_environment,
 )
 from tests.procs import Proc
+from tests.rabbit_nodes import PrivateNode
 from worker.job import JobConfig
 from worker.storage import PolicyStore
 
 pytestmark = pytest.mark.rabbitmq
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-PROMETHEUS_URL = os.environ.get("WARREN_PROMETHEUS_URL", "http://localhost:15692")
 EXAMPLE = read_env_file()
 #: Wall-time budget given to the coordinator through WARREN_MAX_TIME_S, as a user would in .env.
 RUN_BUDGET_S = 20
@@ -212,22 +212,45 @@ def test_management_api_lists_a_collector_by_name_with_its_consumers(
     assert record.get("user_provided_name", connection_name) == connection_name  # the UI's Connections tab
 
 
-def test_prometheus_endpoint_reports_warren_queues(settings: Settings, link: BrokerLink, amqp_url: str) -> None:
-    names = Names(settings.prefix)
-    link.declare(names.collector_tasks_decl())
-    vhost = quote(vhost_of(amqp_url), safe="")
-    url = f"{PROMETHEUS_URL}/metrics/detailed?vhost={vhost}&family=queue_coarse_metrics"
+def test_prometheus_endpoint_reports_warren_queues(
+    settings: Settings, amqp_url: str, request: pytest.FixtureRequest
+) -> None:
+    # Decided from what the broker has, as scripts/test does for the management API: its own
+    # endpoint when it has the plugin (WARREN_PROMETHEUS_URL, or the listener its management
+    # API lists), else a private node of this session, which has it. Only an endpoint the
+    # broker says it has and that does not answer is a failure.
     try:
-        urllib.request.urlopen(PROMETHEUS_URL + "/metrics", timeout=5).close()
+        endpoint = prometheus_url(amqp_url)
+    except (OSError, ValueError):
+        endpoint = None  # no management API to ask either: the private node has both
+    if endpoint is None:
+        node: PrivateNode = request.getfixturevalue("private_broker")
+        node.ensure_running()
+        endpoint, amqp_url = node.prometheus_url, node.amqp_url
+        settings = settings.replace(amqp_url=amqp_url)
+    names = Names(settings.prefix)
+    with BrokerLink(settings, "test") as link:
+        link.declare(names.collector_tasks_decl())
+        try:
+            check_prometheus_endpoint(endpoint, amqp_url, names.collector_tasks)
+        finally:
+            link.delete_queue(names.collector_tasks)
+
+
+def check_prometheus_endpoint(endpoint: str, amqp_url: str, queue: str) -> None:
+    vhost = quote(vhost_of(amqp_url), safe="")
+    url = f"{endpoint}/metrics/detailed?vhost={vhost}&family=queue_coarse_metrics"
+    try:
+        urllib.request.urlopen(endpoint + "/metrics", timeout=5).close()
     except (urllib.error.URLError, OSError) as exc:
         if CI:
             raise
-        pytest.skip(f"no Prometheus endpoint at {PROMETHEUS_URL}: {exc}")
-    needle = f'rabbitmq_detailed_queue_messages_ready{{vhost="{vhost_of(amqp_url)}",queue="{names.collector_tasks}"}}'
+        pytest.skip(f"the broker lists a Prometheus endpoint at {endpoint}, which does not answer: {exc}")
+    needle = f'rabbitmq_detailed_queue_messages_ready{{vhost="{vhost_of(amqp_url)}",queue="{queue}"}}'
 
     def reported() -> bool:
         with urllib.request.urlopen(url, timeout=10) as response:
             body: bytes = response.read()
         return needle in body.decode()
 
-    wait_until(reported, 30, f"{names.collector_tasks} in {url}")
+    wait_until(reported, 30, f"{queue} in {url}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
+import re
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +100,26 @@ def test_warren_run_gives_its_collectors_short_ids_so_names_read_well() -> None:
     assert [collector_id(i) for i in range(3)] == ["c0", "c1", "c2"]
     # The collector puts its role in front of its id (worker.collector.service): no doubled word
     assert connection_name(f"collector-{collector_id(0)}").startswith("warren-collector-c0@")
+
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    found: argparse.ArgumentParser = subcommands.choices[command]
+    return found
+
+
+def test_every_command_takes_verbose(tmp_path: Path) -> None:
+    parser = build_parser()
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for command in subcommands.choices:
+        positional = [str(tmp_path)] if command == "plot" else []
+        args = parser.parse_args([command, *positional, "--verbose"])
+        assert log_level(args) == "DEBUG", command
+
+
+def test_the_exit_code_warren_run_documents_for_an_unusable_env_is_the_one_it_returns() -> None:
+    description = " ".join((command_parser("run").description or "").split())
+    clauses = re.findall(r"(\d) (?:when|for) (.+?)(?=, \d (?:when|for) |\.$)", description)
+    (documented,) = [int(code) for code, what in clauses if "env the job cannot use" in what]
+    assert main(["run", "--env-id", "NoSuchEnv-v0", "--connect-timeout-s", "1"]) == documented

@@ -397,9 +397,14 @@ CLUSTER_CONF_TARGET = "/etc/rabbitmq/conf.d/91-warren-cluster.conf"
 NODE_ENTRYPOINT = ROOT / "deploy" / "cluster-node"
 
 
+#: A cookie of the user's own, as .env.example says to make one (it ships none).
+OWN_COOKIE = "0123456789abcdef" * 4
+
+
 def cluster_config(tmp_path: Path, **overrides: str) -> dict[str, Any]:
     env_file = tmp_path / "cluster.env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in {**EXAMPLE, **overrides}.items()))
+    values = {**EXAMPLE, "RABBITMQ_CLUSTER_COOKIE": OWN_COOKIE, **overrides}
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     return docker_compose_config(env_file, COMPOSE_FILE, CLUSTER_FILE)
 
 
@@ -426,7 +431,7 @@ def test_the_cluster_override_runs_three_nodes_that_reach_each_other_by_their_no
         assert binds[node["entrypoint"][1]] == NODE_ENTRYPOINT, name
         # An entrypoint of the service's own drops the image's CMD: the service gives it back.
         assert node["entrypoint"][0] == "/bin/sh" and node["command"] == image_command(), name
-        assert node["environment"]["RABBITMQ_CLUSTER_COOKIE"] == EXAMPLE["RABBITMQ_CLUSTER_COOKIE"], name
+        assert node["environment"]["RABBITMQ_CLUSTER_COOKIE"] == OWN_COOKIE, name
         assert "rabbitmq-diagnostics" in node["healthcheck"]["test"], name
         assert node["image"] == services["rabbitmq"]["image"], name
     assert len(data_volumes) == 3 and "rabbitmq-data" not in data_volumes  # each its own, none the single broker's
@@ -462,7 +467,7 @@ def test_the_cluster_override_points_every_role_at_all_three_nodes_with_quorum_q
 
 def test_the_single_broker_file_does_not_change_with_the_cluster_variables(tmp_path: Path) -> None:
     env_file = tmp_path / "with-cookie.env"
-    env_file.write_text(ENV_EXAMPLE.read_text() + "RABBITMQ_CLUSTER_COOKIE=other-cookie-0123456789\n")
+    env_file.write_text(ENV_EXAMPLE.read_text() + f"RABBITMQ_CLUSTER_COOKIE={OWN_COOKIE}\n")
     assert docker_compose_config(env_file) == docker_compose_config(ENV_EXAMPLE)
 
 
@@ -472,6 +477,14 @@ def test_the_cluster_refuses_to_start_without_a_cookie(tmp_path: Path) -> None:
     done = run_docker_compose_config(env_file, COMPOSE_FILE, CLUSTER_FILE)
     assert done.returncode != 0
     assert "RABBITMQ_CLUSTER_COOKIE" in done.stderr
+
+
+def test_env_example_ships_no_cluster_cookie_so_a_copied_env_cannot_start_the_cluster() -> None:
+    # cp .env.example .env must not give every cluster the same, published Erlang cookie.
+    assert "RABBITMQ_CLUSTER_COOKIE" in EXAMPLE and EXAMPLE["RABBITMQ_CLUSTER_COOKIE"] == ""
+    done = run_docker_compose_config(ENV_EXAMPLE, COMPOSE_FILE, CLUSTER_FILE)
+    assert done.returncode != 0 and "RABBITMQ_CLUSTER_COOKIE" in done.stderr
+    assert "openssl rand" in done.stderr  # and says how to make one
 
 
 def image_command() -> list[str]:
@@ -514,17 +527,23 @@ def test_the_node_entrypoint_writes_an_owner_only_cookie_then_runs_the_images_ow
     cookie_file = tmp_path / ".erlang.cookie"
     cookie_file.write_text("left-by-an-earlier-start")
     cookie_file.chmod(0o400)
-    code, output = run_node_entrypoint(tmp_path, "c00kie0123456789", entrypoints)
+    code, output = run_node_entrypoint(tmp_path, OWN_COOKIE, entrypoints)
     assert code == 0, output
     assert output.strip() == f"{entrypoints[0]} start --the-node cookie-var=unset"  # arguments passed on
-    assert cookie_file.read_text() == "c00kie0123456789"  # .env wins over the volume
+    assert cookie_file.read_text() == OWN_COOKIE  # .env wins over the volume
     assert cookie_file.stat().st_mode & 0o777 == 0o400  # Erlang refuses a cookie others can read
 
 
-def test_the_node_entrypoint_refuses_an_empty_cookie(tmp_path: Path) -> None:
-    code, output = run_node_entrypoint(tmp_path, "", ("docker-entrypoint.sh",))
+@pytest.mark.parametrize(
+    "cookie",
+    ["", "change-me-warren-cluster-cookie", "short-cookie-0123"],
+    ids=["empty", "the-published-placeholder", "too-short"],
+)
+def test_the_node_entrypoint_refuses_a_cookie_anyone_could_know(tmp_path: Path, cookie: str) -> None:
+    code, output = run_node_entrypoint(tmp_path, cookie, ("docker-entrypoint.sh",))
     assert code == 64 and "RABBITMQ_CLUSTER_COOKIE" in output
     assert not (tmp_path / ".erlang.cookie").exists()
+    assert "docker-entrypoint.sh" not in output  # the server never started
 
 
 def test_both_images_read_the_cookie_where_the_node_entrypoint_writes_it() -> None:

@@ -7,6 +7,7 @@ against RabbitMQ and real workers; these pin down what it decides, turn by turn.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -16,10 +17,13 @@ import pytest
 
 from messaging import MessagingError, Settings
 from tests.fake_bus import FakeBus, Sent
+from worker import json_text
 from worker.config import CoordinatorConfig
 from worker.coordinator import driver as driver_module
+from worker.coordinator import loop as loop_module
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
 from worker.coordinator.loop import Coordinator
+from worker.coordinator.progress import status_text
 from worker.coordinator.roster import Requirement, Roster
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State
@@ -733,3 +737,111 @@ def test_the_roster_forgets_a_worker_that_missed_two_rounds() -> None:
     # Then it no longer counts either way, and each round's broadcast was closed before the next
     assert not roster.mixed and roster.workers == {}
     assert len(bus.broadcasts) == 4 and bus.finished_broadcasts == [b.correlation_id for b in bus.broadcasts[:3]]
+
+
+def test_an_eval_cut_short_by_the_end_of_the_run_is_no_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an eval task running when the run ends
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=0.0)
+    coordinator.turn()
+    (evaluation,) = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag]
+    bus.accept(evaluation, "w9")
+    coordinator.turn()
+    # When the shutdown closes it and its worker answers with no episode finished
+    coordinator.stop.set()
+    with caplog.at_level("INFO", logger="worker.coordinator.loop"):
+        coordinator.driver.close_all()
+        bus.replies[bus.sent[-1].correlation_id] = finished(
+            eval_flag=True, train_iter=9, steps=40, returns=[]
+        ).to_wire()
+        coordinator._shutdown()
+    # Then it is said at INFO, not warned about
+    (record,) = [r for r in caplog.records if "eval task" in r.getMessage()]
+    assert record.levelname == "INFO" and "cut short by the end of the run" in record.getMessage()
+
+
+def test_the_run_log_and_summary_of_a_run_without_a_stop_value_are_strict_json(tmp_path: Path) -> None:
+    coordinator, _bus = make(tmp_path, idle=0)
+    coordinator.job = JobConfig.load(None, **{"env.stop_value": math.inf})
+    coordinator.stop.set()
+    summary = coordinator.run()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    written = [json.loads(line, parse_constant=refuse) for line in lines][-1]
+    assert written["stop_value"] == "inf" and float(written["stop_value"]) == summary["stop_value"]
+    assert json.loads(json_text.dumps(summary), parse_constant=refuse)["stop_value"] == "inf"
+
+
+class Clock:
+    """Simulated monotonic time that moves only when the coordinator waits on its bus."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()  # where the coordinator's own deadlines were set from
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def on_a_clock(monkeypatch: pytest.MonkeyPatch, bus: FakeBus) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+
+    def wait(seconds: float) -> None:
+        clock.now += seconds
+
+    monkeypatch.setattr(bus, "wait", wait)
+    return clock
+
+
+def test_the_end_of_a_run_waits_for_a_start_nobody_takes_about_a_second_not_the_close_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a run whose start request no collector takes (none listens)
+    coordinator, bus = make(tmp_path, idle=0, collect_tasks=1)
+    coordinator.turn()
+    assert len(bus.starts()) == 1
+    clock = on_a_clock(monkeypatch, bus)
+    began = clock.now
+    # When the run ends (its budget, say)
+    coordinator._shutdown()
+    # Then it gave the start about a second, not the SHUTDOWN_S a running task's close gets
+    assert clock.now - began <= loop_module.START_CANCEL_S + 0.2 < coordinator.shutdown_s
+    assert not coordinator.driver.tasks and bus.closed
+
+
+def test_a_coordinator_with_no_collector_listening_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    coordinator, bus = make(tmp_path, idle=0, collect_tasks=1)
+    clock = on_a_clock(monkeypatch, bus)
+    ended = clock.now + 30.0
+    with caplog.at_level("INFO", logger="worker.coordinator.loop"):
+        while clock.now < ended:
+            coordinator.turn()
+    said = [r for r in caplog.records if "no collector is listening" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and "p.collector.tasks" in said[0].getMessage()
+    assert coordinator.stats.no_workers
+    assert "no collector listening" in status_text(coordinator.stats, "workers 0")
+    # And once one listens, the status line stops saying it
+    bus.idle_workers = 1
+    ended = clock.now + 5.0
+    while clock.now < ended:
+        coordinator.turn()
+    assert not coordinator.stats.no_workers
+    assert "no collector listening" not in status_text(coordinator.stats, "workers 0")
+
+
+def test_a_coordinator_whose_collectors_listen_says_nothing_of_missing_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    coordinator, bus = make(tmp_path, idle=2, collect_tasks=1)
+    clock = on_a_clock(monkeypatch, bus)
+    ended = clock.now + 30.0
+    with caplog.at_level("INFO", logger="worker.coordinator.loop"):
+        while clock.now < ended:
+            coordinator.turn()
+    assert not [r for r in caplog.records if "no collector" in r.getMessage()]

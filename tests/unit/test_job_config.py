@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import tomllib
 from pathlib import Path
 
 import gymnasium as gym
@@ -20,6 +22,21 @@ SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.toml"
 
 def test_the_shipped_config_file_spells_out_the_defaults() -> None:
     assert JobConfig.load(SHIPPED) == JobConfig()
+
+
+def test_the_shipped_config_file_lists_every_setting_of_every_section() -> None:
+    # Derived from the dataclasses and the plug-ins' configs, so a setting added to the job
+    # (or to the default algorithm or model) must be added to the file too.
+    listed = tomllib.loads(SHIPPED.read_text())
+    defaults = JobConfig()
+    for name in ("env", "collector", "coordinator", "learner"):
+        keys = {f.name for f in dataclasses.fields(getattr(defaults, name))}
+        if name == "env":
+            keys -= {"plugin", "plugin_version", "kwargs"}  # the gymnasium env needs none of them
+        assert set(listed.get(name, {})) == keys, f"[{name}]"
+    for name, config in (("algorithm", defaults.bound.config), ("model", defaults.bound.model.config)):
+        keys = {"name"} | {f.name for f in dataclasses.fields(config)}
+        assert set(listed.get(name, {})) == keys, f"[{name}]"
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
@@ -185,6 +202,24 @@ def test_job_json_keeps_an_infinite_stop_value(tmp_path: Path) -> None:
     path = tmp_path / "job.json"
     path.write_text(JobConfig.load(None, **{"env.stop_value": math.inf}).to_json())
     assert JobConfig.load(path).env.stop_value == math.inf
+
+
+def strict_json(text: str) -> object:
+    """``json.loads`` that refuses ``Infinity`` and ``NaN``, as jq and most JSON parsers do."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_job_json_is_strict_json_with_an_infinite_stop_value_and_reads_back(tmp_path: Path) -> None:
+    job = JobConfig.load(None, **{"env.stop_value": math.inf})
+    document = strict_json(job.to_json())
+    assert isinstance(document, dict) and document["env"]["stop_value"] == "inf"
+    path = tmp_path / "job.json"
+    path.write_text(job.to_json())
+    assert JobConfig.load(path) == job
 
 
 @pytest.mark.parametrize(

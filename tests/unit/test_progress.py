@@ -104,6 +104,8 @@ def summary(**changes: Any) -> dict[str, Any]:
         "policy_iter": 470,
         "replay_ratio": 0.0156,
         "replay_ratio_configured": 0.015625,
+        "learner_train_steps": 468,
+        "learner_samples": 30_000,
     }
     return {**values, **changes}
 

@@ -1,10 +1,13 @@
-"""scripts/test says what it is about to install and run before it does anything."""
+"""scripts/test says what it is about to install and run before it does anything; the suite checks
+what the broker has before it uses it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 from pathlib import Path
+
+from tests.broker_admin import prometheus_listener_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,3 +43,11 @@ def test_the_plan_installs_the_rabbitmq_package_for_private_nodes_even_when_a_br
     assert done.returncode == 0, done.stderr
     # Then the plan installs the package (whatever answers on WARREN_AMQP_URL)
     assert "for the private test nodes" in done.stdout  # apt-get install of the server package
+
+
+def test_the_prometheus_check_goes_where_the_broker_lists_its_plugin_and_nowhere_else() -> None:
+    # /api/overview of a broker with the management API but without rabbitmq_prometheus
+    without = {"listeners": [{"protocol": "amqp", "port": 5672}, {"protocol": "http", "port": 15672}]}
+    assert prometheus_listener_url(without, "http://rmq.example:15672") is None
+    with_plugin = {"listeners": [*without["listeners"], {"protocol": "http/prometheus", "port": 15692}]}
+    assert prometheus_listener_url(with_plugin, "http://rmq.example:15672") == "http://rmq.example:15692"

@@ -9,7 +9,15 @@ import pika
 import pytest
 
 from messaging import ConnectionClosed, PublishTimeout, QueueNotFound, StreamStopped
-from messaging.unconfirmed import NACKS_BEFORE_REOPEN, NackStreak, Outbox, Outgoing, UnconfirmedWindow
+from messaging.unconfirmed import (
+    NACKS_BEFORE_REOPEN,
+    SENDING_DECREASE,
+    NackStreak,
+    Outbox,
+    Outgoing,
+    SendingWindow,
+    UnconfirmedWindow,
+)
 
 
 def _messages(*seqs: int) -> list[Outgoing]:
@@ -157,3 +165,42 @@ def test_a_nack_streak_asks_for_a_new_channel_after_the_limit_and_an_ack_resets_
 def test_a_nack_streak_needs_a_positive_limit() -> None:
     with pytest.raises(ValueError):
         NackStreak(0)
+
+
+def test_the_outbox_sends_no_more_than_the_messages_allowed_in_flight() -> None:
+    outbox = Outbox()
+    outbox.add(_messages(0, 1, 2, 3, 4))
+    sent: list[int] = []
+    outbox.send(lambda message: sent.append(message.seq), in_flight=2)
+    assert sent == [0, 1] and outbox.waiting == 3
+    outbox.confirmed(1, multiple=False)  # one confirm: room for one more
+    outbox.send(lambda message: sent.append(message.seq), in_flight=2)
+    assert sent == [0, 1, 2] and outbox.next_tag == 4
+
+
+def test_a_refused_burst_cuts_the_messages_in_flight_once_and_acks_grow_them_back() -> None:
+    window = SendingWindow(128)
+    assert window.limit == 128  # a queue that never refuses keeps the whole window
+    # Given a burst of 128 sent (tags 1..128) into a full queue, nacked one by one
+    for tag in range(9, 129):
+        window.nacked(tag, next_tag=129)
+    # Then it was one cut, not one per refused message
+    cut = window.limit
+    assert cut == int(128 * SENDING_DECREASE)
+    # And a refusal of a message sent after the cut cuts again
+    window.nacked(129, next_tag=140)
+    assert window.limit == int(cut * SENDING_DECREASE)
+    # While acks let the limit grow back by about one per limit's worth, never above the window
+    before = window.limit
+    window.acked(before)
+    assert window.limit == before + 1
+    for _ in range(10_000):
+        window.acked(64)
+    assert window.limit == 128
+
+
+def test_the_sending_window_never_closes() -> None:
+    window = SendingWindow(4)
+    for tag in range(1, 200):
+        window.nacked(tag, next_tag=tag + 1)
+    assert window.limit == 1

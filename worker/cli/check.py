@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from worker.cli.flags import add_job_flags, job_config
+from worker.cli.flags import add_job_flags, add_output_flags, job_config, log_level
 
 #: Env steps of the rollout check, and the most it runs while the learner cannot update yet.
 CHECK_STEPS = 1000
@@ -53,6 +53,7 @@ def add_parser(commands: Any) -> None:
         ),
     )
     add_job_flags(parser, run_end=False)
+    add_output_flags(parser)
     parser.set_defaults(run=run)
 
 
@@ -83,13 +84,16 @@ class Report:
 
 
 def run(args: argparse.Namespace) -> int:
+    from worker.logs import setup_logging
+
+    setup_logging("check", log_level(args) if args.verbose else "WARNING")
     report = Report()
     report.attempt("plug-ins import in a fresh process", fresh_process_imports)
     jobs: list[Any] = []
 
     def load() -> str:
         # The stop value plays no part here (and an env without a reward_threshold has none).
-        job = job_config(args, **{"env.stop_value": math.inf})
+        job = job_config(args, extra={"env.stop_value": math.inf})
         jobs.append(job)
         algorithm = job.bound
         return (

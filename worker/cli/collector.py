@@ -50,8 +50,17 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def configure(args: argparse.Namespace) -> CollectorConfig:
+    """The collector's settings: ``WARREN_*`` variables, then the flags.
+
+    Raises:
+        ConfigurationError: a value does not parse or is out of range.
+    """
+    return role_config(CollectorConfig, **flag_values(args, CollectorConfig))
+
+
 def run(args: argparse.Namespace) -> int:
-    config = role_config(CollectorConfig, **flag_values(args, CollectorConfig))
+    config = configure(args)
     setup_logging(f"collector {config.worker_id}", log_level(args))
     stop: threading.Event = args.stop
     from worker.collector.service import run_collector  # torch and gymnasium load only when serving

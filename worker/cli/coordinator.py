@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import threading
@@ -11,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
+from worker import json_text
 from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, non_negative_int
+from worker.config import CoordinatorConfig, role_config
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -33,23 +34,35 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--collect-tasks",
         type=non_negative_int,
-        help="collect tasks at once (coordinator.collect_tasks); 0, the default: one per collector worker",
+        help="collect tasks at once (coordinator.collect_tasks; WARREN_COLLECT_TASKS); 0, the default: one per "
+        "collector worker",
     )
-    parser.add_argument("--run-log", type=Path, help="JSON-lines log of tasks and evals (for warren plot)")
+    parser.add_argument(
+        "--run-log", type=Path, help="JSON-lines log of tasks and evals, for warren plot (WARREN_RUN_LOG)"
+    )
     parser.add_argument(
         "--progress",
         choices=["auto", "line", "log", "off"],
-        help="live status line (auto: on a terminal), periodic log lines, or nothing",
+        help="live status line (auto: on a terminal), periodic log lines, or nothing (WARREN_PROGRESS; auto)",
     )
     parser.set_defaults(run=run)
 
 
+def configure(args: argparse.Namespace) -> CoordinatorConfig:
+    """The coordinator's settings: ``WARREN_*`` variables, the job, then the flags.
+
+    Raises:
+        ConfigurationError: a value does not parse or is out of range.
+    """
+    job = job_config(args, extra={"coordinator.collect_tasks": args.collect_tasks})
+    return role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
+
+
 def run(args: argparse.Namespace) -> int:
-    from worker.config import CoordinatorConfig, role_config
     from worker.coordinator.loop import Coordinator
 
-    job = job_config(args, **{"coordinator.collect_tasks": args.collect_tasks})
-    config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
+    config = configure(args)
+    job = config.job
     setup_logging("coordinator", log_level(args))
     for warning in job.warnings():
         logger.warning("%s", warning)
@@ -62,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
-    print(json.dumps(summary))
+    print(json_text.dumps(summary))
     if summary["error"]:
         print(f"warren coordinator: {summary['error']}", file=sys.stderr)
         return 1

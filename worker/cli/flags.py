@@ -1,7 +1,8 @@
 """Command-line flags shared by the roles: the broker's and the job's.
 
-Each broker flag overrides the ``WARREN_*`` environment variable of the same name; the
-job flags override the TOML job config. Counts and budgets are checked here, so a bad
+Each flag overrides the ``WARREN_*`` environment variable of the same name (the broker's
+through :func:`messaging.settings.load`, the job's through :func:`read_environment`), and
+the job's flags and variables override the TOML job config. Counts and budgets are checked here, so a bad
 value stops at argument parsing with argparse's usage message, before anything starts.
 """
 
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from messaging import ConfigurationError
 from worker.job import JobConfig
 
 #: Settings fields that have a broker flag (see :func:`add_transport_flags`).
@@ -55,6 +58,11 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
         help="how the durable queues are declared; quorum: replicated, survives a node loss "
         "(WARREN_QUEUE_TYPE; default classic; the same in every process of a deployment)",
     )
+    add_output_flags(parser)
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--verbose``, which every command takes."""
     output = parser.add_argument_group("output")
     output.add_argument(
         "--log-level",
@@ -95,6 +103,44 @@ positive_float = _checked(float, lambda v: v > 0, "more than 0")
 stop_value = _checked(float, lambda v: not math.isnan(v), "a number (inf: run until a budget ends it)")
 
 
+#: Flags a ``WARREN_<FLAG>`` variable sets when the command line leaves them out, with the
+#: flag's own check: the job's flags and ``warren run``'s ``--collectors`` (the broker's and
+#: the roles' settings are read by :func:`messaging.settings.load`). A command reads those of
+#: its flags only, so ``WARREN_MAX_TIME_S`` reaches the coordinator and ``warren run``.
+ENV_FLAGS: dict[str, Callable[[str], Any]] = {
+    "env_id": str,
+    "algorithm": str,
+    "seed": int,
+    "stop_value": stop_value,
+    "max_env_steps": positive_int,
+    "max_time_s": positive_float,
+    "collect_tasks": non_negative_int,
+    "collectors": positive_int,
+}
+
+
+def env_variable(flag: str) -> str:
+    """The variable of the flag ``flag`` (its argparse dest): ``max_time_s`` -> ``WARREN_MAX_TIME_S``."""
+    return "WARREN_" + flag.upper()
+
+
+def read_environment(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> None:
+    """Fill the :data:`ENV_FLAGS` flags left out on the command line from their variables.
+
+    Raises:
+        ConfigurationError: a variable's value is one the flag would refuse.
+    """
+    env = os.environ if env is None else env
+    for flag, convert in ENV_FLAGS.items():
+        raw = env.get(env_variable(flag))
+        if not hasattr(args, flag) or getattr(args, flag) is not None or not raw:
+            continue
+        try:
+            setattr(args, flag, convert(raw))
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigurationError(f"{env_variable(flag)}={raw!r}: {exc}") from None
+
+
 def flag_values(args: argparse.Namespace, config_type: type) -> dict[str, Any]:
     """The flags of ``args`` that name a field of ``config_type`` or of its transport settings.
 
@@ -111,30 +157,41 @@ def add_job_flags(parser: argparse.ArgumentParser, *, run_end: bool = True) -> N
     Only the coordinator decides when a run ends, so only it and ``warren run`` take the
     stop value and the budgets; the learner reads the same job for its env and seed.
     """
-    group = parser.add_argument_group("job (defaults: the shipped CartPole-v1 DQN job)")
+    group = parser.add_argument_group(
+        "job (defaults: the shipped CartPole-v1 DQN job; flags override WARREN_* variables)"
+    )
     group.add_argument(
         "--config", type=Path, help="job config: TOML ([env], [algorithm], [model], [collector]...) or a run's job.json"
     )
-    group.add_argument("--env-id", help="gymnasium env id, or an env plug-in's (env.id)")
-    group.add_argument("--algorithm", help="algorithm plug-in: dqn, random, or an installed one (algorithm.name)")
-    group.add_argument("--seed", type=int, help="seed of envs and networks (env.seed)")
+    group.add_argument("--env-id", help="gymnasium env id, or an env plug-in's (env.id; WARREN_ENV_ID)")
+    group.add_argument(
+        "--algorithm",
+        help="algorithm plug-in: dqn, ppo, sac, random, or an installed one (algorithm.name; WARREN_ALGORITHM)",
+    )
+    group.add_argument("--seed", type=int, help="seed of envs and networks (env.seed; WARREN_SEED)")
     if run_end:
         group.add_argument(
             "--stop-value",
             type=stop_value,
-            help="eval return that ends the run (env.stop_value; default: 195 for CartPole-v1, else the "
-            "env's reward_threshold; inf: run until a budget ends it)",
+            help="eval return that ends the run (env.stop_value; WARREN_STOP_VALUE; default: 195 for CartPole-v1, "
+            "else the env's reward_threshold; inf: run until a budget ends it)",
         )
         group.add_argument(
-            "--max-env-steps", type=positive_int, help="env step budget (coordinator.max_env_steps; 400000)"
+            "--max-env-steps",
+            type=positive_int,
+            help="env step budget (coordinator.max_env_steps; WARREN_MAX_ENV_STEPS; 400000)",
         )
         group.add_argument(
-            "--max-time-s", type=positive_float, help="wall time budget in seconds (coordinator.max_time_s; 1800)"
+            "--max-time-s",
+            type=positive_float,
+            help="wall time budget in seconds (coordinator.max_time_s; WARREN_MAX_TIME_S; 1800)",
         )
 
 
-def job_config(args: argparse.Namespace, **extra: object) -> JobConfig:
-    """The job config from ``--config`` and the override flags the role has."""
+def job_config(
+    args: argparse.Namespace, *, config_file: Path | None = None, extra: Mapping[str, object] | None = None
+) -> JobConfig:
+    """The job config from ``--config`` (or ``config_file``) and the override flags the role has."""
     flags = {
         "env.id": "env_id",
         "env.seed": "seed",
@@ -144,5 +201,5 @@ def job_config(args: argparse.Namespace, **extra: object) -> JobConfig:
         "coordinator.max_time_s": "max_time_s",
     }
     overrides: dict[str, object] = {key: getattr(args, name, None) for key, name in flags.items()}
-    overrides.update({key: value for key, value in extra.items() if value is not None})
-    return JobConfig.load(args.config, **overrides)
+    overrides.update({key: value for key, value in (extra or {}).items() if value is not None})
+    return JobConfig.load(config_file if config_file is not None else args.config, **overrides)

@@ -10,6 +10,7 @@ from typing import Any
 
 from messaging import WarrenError
 from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level
+from worker.config import LearnerConfig, role_config
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -32,11 +33,19 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def configure(args: argparse.Namespace) -> LearnerConfig:
+    """The learner's settings: ``WARREN_*`` variables, the job, then the flags.
+
+    Raises:
+        ConfigurationError: a value does not parse or is out of range.
+    """
+    return role_config(LearnerConfig, job=job_config(args), **flag_values(args, LearnerConfig))
+
+
 def run(args: argparse.Namespace) -> int:
-    from worker.config import LearnerConfig, role_config
     from worker.learner.service import Learner
 
-    config = role_config(LearnerConfig, job=job_config(args), **flag_values(args, LearnerConfig))
+    config = configure(args)
     setup_logging("learner", log_level(args))
     stop: threading.Event = args.stop
     try:

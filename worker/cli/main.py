@@ -19,7 +19,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from worker.cli import check, collector, coordinator, learner, plot, run
+    from worker.cli import check, clean, collector, coordinator, learner, plot, run
 
     parser = argparse.ArgumentParser(
         prog="warren",
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for role in (collector, coordinator, learner, run, check, plot):
+    for role in (collector, coordinator, learner, run, check, plot, clean):
         role.add_parser(commands)
     return parser
 
@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_stop_handlers(stop)
     single_threaded_math()
     from messaging import ConfigurationError
+    from worker.cli.flags import read_environment
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        read_environment(args)
         code: int = args.run(args)
     except ConfigurationError as exc:
         print(f"warren {args.command}: {exc.message}", file=sys.stderr)

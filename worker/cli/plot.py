@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from messaging import ConfigurationError
+from worker.cli.flags import add_output_flags, log_level
+from worker.logs import setup_logging
 
 
 def add_parser(commands: Any) -> None:
@@ -19,6 +21,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("run_log", type=Path, help="run.jsonl of a run, or the run's directory (runs/<id>)")
     parser.add_argument("-o", "--output", type=Path, help="PNG to write (default: run.png next to the run log)")
+    add_output_flags(parser)
     parser.set_defaults(run=run)
 
 
@@ -101,6 +104,7 @@ def plot(path: Path, output: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    setup_logging("plot", log_level(args))
     run_log = run_log_path(args.run_log)
     output = args.output or run_log.with_suffix(".png")
     print(plot(run_log, output))

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -25,14 +24,28 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from messaging import BrokerLink, Names, Settings, WarrenError
+from messaging import BrokerLink, Settings, WarrenError
 from messaging.settings import to_env
-from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
-from worker.cli.named_run import RunIdentity, join_command, loopback_hosts, run_identity, run_name
+from worker import json_text
+from worker.cli.cleanup import remove_run_topology, remove_step_files, sweep_interrupted_runs
+from worker.cli.flags import (
+    ENV_FLAGS,
+    add_job_flags,
+    add_transport_flags,
+    env_variable,
+    flag_values,
+    job_config,
+    log_level,
+    positive_int,
+)
+from worker.cli.named_run import RUNS_DIR, RunIdentity, join_command, loopback_hosts, run_identity, run_name
+from worker.cli.run_dir import RunLock, RunState, new_record, read_record, state_of
+from worker.config import CoordinatorConfig, role_config
+from worker.job import JobConfig
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -41,6 +54,16 @@ logger = logging.getLogger(__name__)
 CHILD_GRACE_S = 30.0
 #: Connect budget of the checks before and after the run: a broker is there or it is not.
 PREFLIGHT_CONNECT_S = 5.0
+#: Collector processes unless ``--collectors`` or ``WARREN_COLLECTORS`` say otherwise.
+DEFAULT_COLLECTORS = 2
+#: Variables ``warren run`` sets itself for its processes, and why (a value given is ignored, with a warning).
+RUN_SETS = {
+    "WARREN_PATH_DATA": "the run's own <workdir>/data",
+    "WARREN_PATH_POLICY": "the run's own <workdir>/policy",
+    "WARREN_RUN_LOG": "the run's own <workdir>/run.jsonl",
+    "WARREN_WORKER_ID": "its collectors are c0, c1...",
+    "WARREN_COLLECT_TASKS": "one collect task per collector (per listening collector with --name)",
+}
 
 
 def add_parser(commands: Any) -> None:
@@ -52,13 +75,15 @@ def add_parser(commands: Any) -> None:
             "run's own directory (runs/<id>, or runs/NAME with --name, which collectors elsewhere can "
             "join), and run the coordinator here until the stop value (CartPole-v1 "
             "to 195 by default). Ctrl-C stops everything. Exit code 0 when the stop value was reached, "
-            "3 when a budget ran out, 1 when the run could not go on (no broker, an env the job "
-            "cannot use, the learner or every collector gone), 2 for a bad command line or config."
+            "3 when a budget ran out, 1 when the run could not go on (no broker, the learner or every "
+            "collector gone), 2 for a bad command line or config (an env the job cannot use included)."
         ),
     )
     add_transport_flags(parser)
     add_job_flags(parser)
-    parser.add_argument("--collectors", type=positive_int, default=2, help="collector processes (default 2)")
+    parser.add_argument(
+        "--collectors", type=positive_int, help=f"collector processes (WARREN_COLLECTORS; default {DEFAULT_COLLECTORS})"
+    )
     parser.add_argument(
         "--name",
         type=run_name,
@@ -69,10 +94,15 @@ def add_parser(commands: Any) -> None:
         "--workdir", type=Path, help="where data, policies, logs and run.jsonl go (default runs/<name or id>)"
     )
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run of this --name (or --workdir): its job (job.json, with the flags given applied), "
+        "policy, counters, budgets and logs; without it, a name or workdir a run used is refused",
+    )
+    parser.add_argument(
         "--progress",
         choices=["auto", "line", "log", "off"],
-        default="auto",
-        help="live status line (auto: on a terminal), periodic log lines, or nothing",
+        help="live status line (auto: on a terminal), periodic log lines, or nothing (WARREN_PROGRESS; auto)",
     )
     parser.set_defaults(run=run)
 
@@ -94,7 +124,8 @@ class Children:
         self._stopping = False
 
     def start(self, name: str, args: list[str]) -> None:
-        log = (self.logs / f"{name}.log").open("wb")
+        # Appended, never truncated: a resumed run's logs go on after the earlier run's.
+        log = (self.logs / f"{name}.log").open("ab")
         self._files.append(log)
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "worker.cli", *args],
@@ -137,27 +168,90 @@ class Children:
         return codes
 
 
-def run(args: argparse.Namespace) -> int:
-    from worker.config import CoordinatorConfig, role_config
-    from worker.coordinator.loop import Coordinator
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Everything a run is made of, decided before anything starts."""
 
+    config: CoordinatorConfig
+    """The coordinator's settings: the run's own prefix and run log, the job."""
+    identity: RunIdentity
+    collectors: int
+    children_env: dict[str, str]
+    """The environment of the learner and the collectors (see :func:`child_env`)."""
+    ignored: dict[str, str]
+    """Variables of :data:`RUN_SETS` that were set, and why the run sets them itself."""
+    resume: bool = False
+    """Continue the run of the workdir (``--resume``): its counters, policy and logs."""
+
+    @property
+    def job(self) -> JobConfig:
+        return self.config.job
+
+    @property
+    def base_prefix(self) -> str:
+        """The prefix the run's own is made from (``WARREN_PREFIX``, ``--prefix``)."""
+        return self.config.transport.prefix.removesuffix("-" + self.identity.run_id)
+
+
+def plan_run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RunPlan:
+    """The run ``args`` ask for, with ``WARREN_*`` variables read as every role reads them.
+
+    Raises:
+        ConfigurationError: a flag, a variable or the job cannot be used.
+    """
+    env = os.environ if env is None else env
+    collectors = args.collectors if args.collectors is not None else DEFAULT_COLLECTORS
     # A named run keeps one collect task per collector listening on its task queue, so
     # collectors that join from other machines get collect work too; an unnamed run has
     # only its own collectors, a fixed number.
-    collect_tasks = 0 if args.name else args.collectors
-    job = job_config(args, **{"coordinator.collect_tasks": collect_tasks})
-    config = role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
+    collect_tasks = 0 if args.name else collectors
+    base = Settings.from_env(env, **flag_values(args, Settings))
     # The run's own prefix: its queues cannot meet those of any other deployment or run.
-    identity = run_identity(config.transport.prefix, args.name, args.workdir)
-    run_id, workdir = identity.run_id, identity.workdir
+    identity = run_identity(base.prefix, args.name, args.workdir)
+    resumed_job = identity.workdir / "job.json"
+    # A resumed run trains the job it trained (a --config given instead is the user's call).
+    config_file = resumed_job if args.resume and args.config is None and resumed_job.is_file() else args.config
+    job = job_config(args, config_file=config_file, extra={"coordinator.collect_tasks": collect_tasks})
+    config = role_config(CoordinatorConfig, env, job=job, **flag_values(args, CoordinatorConfig))
     transport = config.transport.replace(prefix=identity.prefix)
-    config = dataclasses.replace(config, transport=transport, run_log=workdir / "run.jsonl")
+    workdir = identity.workdir
+    config = dataclasses.replace(
+        config, transport=transport, run_log=workdir / "run.jsonl", path_policy=workdir / "policy"
+    )
+    ignored = {name: why for name, why in RUN_SETS.items() if env.get(name)}
+    children_env = child_env(transport, identity.workdir, env)
+    return RunPlan(config, identity, collectors, children_env, ignored, resume=bool(args.resume))
+
+
+def run(args: argparse.Namespace) -> int:
+    from worker.coordinator.loop import Coordinator
+
+    plan = plan_run(args)
+    config, identity, job = plan.config, plan.identity, plan.job
+    run_id, workdir, transport = identity.run_id, identity.workdir, config.transport
     setup_logging("run", log_level(args))
+    for name, why in plan.ignored.items():
+        logger.warning("%s is ignored: warren run sets it itself (%s)", name, why)
+    refusal = workdir_refusal(plan)
+    if refusal is not None:
+        logger.critical("%s", refusal)
+        print(f"warren run: {refusal}", file=sys.stderr)
+        return 2
     problem = preflight(config)
     if problem is not None:
         logger.critical("%s", problem)
         print(f"warren run: {problem}", file=sys.stderr)
         return 1
+    # What interrupted unnamed runs left (a second Ctrl-C exits at once): nobody else will remove it.
+    sweep_interrupted_runs(RUNS_DIR, transport.replace(prefix=plan.base_prefix), skip=workdir)
+    record = new_record(
+        run_id,
+        transport.prefix,
+        named=identity.named,
+        buffer_id=job.coordinator.buffer_id,
+        broker=transport.redacted_url,
+    )
+    lock = RunLock.acquire(workdir, record)  # held until this process exits, however it exits
     for sub in ("data", "policy", "logs"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     for warning in job.warnings():
@@ -165,11 +259,11 @@ def run(args: argparse.Namespace) -> int:
     job_file = workdir / "job.json"
     job_file.write_text(job.to_json())
     stop: threading.Event = args.stop
-    children = Children(child_env(transport, workdir), workdir / "logs")
+    children = Children(plan.children_env, workdir / "logs")
     logger.info(
         "run %s: %d collectors%s, workdir %s, queue prefix %s",
         run_id,
-        args.collectors,
+        plan.collectors,
         " here (more may join: one collect task per listening collector)" if identity.named else "",
         workdir,
         transport.prefix,
@@ -178,10 +272,10 @@ def run(args: argparse.Namespace) -> int:
         _log_how_to_join(transport, workdir)
     level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
     children.start("learner", ["learner", "--config", str(job_file), *level])
-    for i in range(args.collectors):
+    for i in range(plan.collectors):
         children.start(f"collector-{i}", ["collector", "--worker-id", collector_id(i), *level])
-    coordinator = Coordinator(config, stop)
-    children.watch(_ChildDeaths(coordinator, args.collectors).on_exit)
+    coordinator = Coordinator(config, stop, continue_ended=plan.resume)
+    children.watch(_ChildDeaths(coordinator, plan.collectors).on_exit)
     try:
         summary = coordinator.run()
     except WarrenError as exc:
@@ -190,19 +284,48 @@ def run(args: argparse.Namespace) -> int:
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
         codes = children.stop()
-        remove_run_topology(transport, job.coordinator.buffer_id, identity)
-        removed = _remove_step_files(workdir / "data")
+        removed = 0
+        if remove_run_topology(transport, job.coordinator.buffer_id, keep_shared=identity.named):
+            removed = remove_step_files(workdir / "data")
+            lock.release()  # clean: the workdir shows an ended run (else an interrupted one)
+        else:
+            lock.unlock()
         if removed:
             logger.info("removed %d step files nobody will read", removed)
     summary["children_exit_codes"] = codes
     summary["children_pids"] = {name: proc.pid for name, proc in children.procs.items()}
     summary["workdir"] = str(workdir)
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    (workdir / "summary.json").write_text(json_text.dumps(summary, indent=2))
+    print(json_text.dumps(summary))
     if summary["error"]:
         print(f"warren run: {summary['error']}", file=sys.stderr)
         return 1
     return 0 if summary["success"] else 3
+
+
+def workdir_refusal(plan: RunPlan) -> str | None:
+    """Why the run's workdir cannot be used (``None``: go ahead).
+
+    A workdir another run used is refused unless ``--resume`` continues that run: a second
+    run of one name would otherwise resume the policy but not the counters, and overwrite
+    the first run's logs. A live run's workdir is refused either way.
+    """
+    identity = plan.identity
+    state = state_of(identity.workdir)
+    what = f"run {identity.run_id}" if identity.named else f"workdir {identity.workdir}"
+    if state is RunState.RUNNING:
+        record = read_record(identity.workdir)
+        pid = f" (pid {record.pid})" if record is not None else ""
+        return f"{what} is running{pid}; wait for it to end, or give another --name or --workdir"
+    if state is RunState.NEW or plan.resume:
+        if plan.resume and state is RunState.NEW:
+            logger.info("nothing to resume in %s: starting %s", identity.workdir, what)
+        return None
+    how = "was interrupted (its process died)" if state is RunState.INTERRUPTED else "ended"
+    return (
+        f"{what} already has a run in {identity.workdir}, which {how}: --resume continues it (its policy, "
+        "counters, budgets and logs), or give another --name or --workdir (or remove the directory)"
+    )
 
 
 class _ChildDeaths:
@@ -249,47 +372,6 @@ def _log_how_to_join(transport: Settings, workdir: Path) -> None:
         logger.info("(there, replace %s in the URL with an address of this machine's broker)", " and ".join(loopback))
 
 
-def remove_run_topology(transport: Settings, buffer_id: str, identity: RunIdentity | None = None) -> None:
-    """Delete what the run declared under its own prefix (a dead-letter queue holding messages stays).
-
-    A named run deletes only its learner's queue: its task queue and dead-letter queue are
-    shared with collectors that joined from elsewhere, which keep consuming (idle) until
-    they are stopped or the next run of the same name gives them work.
-    """
-    names = Names.of(transport)
-    quick = transport.replace(connect_timeout_s=PREFLIGHT_CONNECT_S)
-    try:
-        with BrokerLink(quick, "run-cleanup", reconnect=False) as link:
-            link.delete_queue(names.learner_data(buffer_id))
-            if identity is not None and identity.named:
-                logger.info(
-                    "kept %s and %s for the collectors of run %s",
-                    names.collector_tasks,
-                    names.dead_letter_queue,
-                    identity.run_id,
-                )
-                return
-            link.delete_queue(names.collector_tasks)
-            kept = link.queue_depth(names.dead_letter_queue) or 0
-            if kept:
-                logger.warning("%d dead letters kept in %s for inspection", kept, names.dead_letter_queue)
-            else:
-                link.delete_queue(names.dead_letter_queue)
-                link.delete_exchange(names.dead_letter_exchange)
-    except WarrenError as exc:
-        logger.warning("could not remove the run's queues: %s", exc.message)
-
-
-def _remove_step_files(data: Path) -> int:
-    """Step files left when the run ends are data no learner will read: the run's volume is its own."""
-    removed = 0
-    for path in data.iterdir() if data.is_dir() else ():
-        if path.is_file():
-            path.unlink(missing_ok=True)
-            removed += 1
-    return removed
-
-
 def collector_id(index: int) -> str:
     """The worker id of the run's ``index``-th collector: ``c0``, ``c1``...
 
@@ -300,15 +382,19 @@ def collector_id(index: int) -> str:
     return f"c{index}"
 
 
-def child_env(transport: Settings, workdir: Path) -> dict[str, str]:
-    """The children's environment: this process's, with every transport setting of the run.
+def child_env(transport: Settings, workdir: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The children's environment: ``env`` (this process's), with every transport setting of the run.
 
     Every field of ``transport`` is passed (not a hand-picked subset), so a setting given
     to ``warren run`` as a flag reaches the collectors and the learner as it reaches the
-    coordinator.
+    coordinator; the roles' own variables (``WARREN_STALL_TIMEOUT_S``,
+    ``WARREN_TORCH_THREADS``...) pass as they are. The job's variables do not: the job
+    reaches the learner whole, in ``job.json``, with the flags that overrode them applied.
     """
+    env = os.environ if env is None else env
+    job_variables = {env_variable(flag) for flag in ENV_FLAGS}
     return {
-        **os.environ,
+        **{name: value for name, value in env.items() if name not in job_variables},
         **to_env(transport),
         "WARREN_PATH_DATA": str(workdir / "data"),
         "WARREN_PATH_POLICY": str(workdir / "policy"),

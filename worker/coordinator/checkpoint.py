@@ -37,8 +37,13 @@ def restore(record: dict[str, Any], stats: RunStats) -> tuple[int, list[Task]]:
     return int(record.get("seq", 0)) + SEQ_GAP, tasks
 
 
-def last_checkpoint(run_log: Path | None) -> dict[str, Any] | None:
-    """The newest checkpoint of an unfinished run, or ``None`` (no log, or the run had ended)."""
+def last_checkpoint(run_log: Path | None, *, after_end: bool = False) -> dict[str, Any] | None:
+    """The newest checkpoint of an unfinished run, or ``None`` (no log, or the run had ended).
+
+    ``after_end``: the newest checkpoint even when the run ended after it (``warren run
+    --resume`` continues an ended run; the coordinator writes a last checkpoint, with no
+    task running, just before its summary).
+    """
     if run_log is None or not run_log.exists():
         return None
     checkpoint: dict[str, Any] | None = None
@@ -51,6 +56,6 @@ def last_checkpoint(run_log: Path | None) -> dict[str, Any] | None:
                 continue
             if record.get("kind") == "checkpoint":
                 checkpoint = record
-            elif record.get("kind") == "summary":
+            elif record.get("kind") == "summary" and not after_end:
                 checkpoint = None  # that run ended; a new one starts from zero
     return checkpoint

@@ -27,6 +27,7 @@ from worker.coordinator.roster import Requirement, Roster
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.protocol import FinishInfo, Refusal
+from worker.storage.counters import counters_path, read_counters
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,15 @@ TURN_S = 0.05
 CHECKPOINT_MIN_S = 0.5
 #: How long running tasks get to close when the run ends.
 SHUTDOWN_S = 15.0
+#: How long a start request not answered yet may still be taken when the run ends. A worker
+#: that listens takes one within milliseconds; longer, nobody will, and waiting the whole
+#: SHUTDOWN_S for it overran the run's budget by 15 s when no collector listened.
+START_CANCEL_S = 1.0
+#: No collector listening and none running a task for this long: say so (once per absence).
+NO_WORKER_NOTICE_S = 5.0
+#: Learner counters written this long before the coordinator started still count as this
+#: run's (the clocks of the learner's and the coordinator's machines may differ a little).
+COUNTERS_CLOCK_SLACK_S = 5.0
 #: Pause before the next start after a transient refusal, doubling up to the maximum.
 REFUSAL_BACKOFF_S = 0.2
 REFUSAL_BACKOFF_MAX_S = 5.0
@@ -50,10 +60,17 @@ class Coordinator:
         config: broker settings, the job, run log path, progress mode.
         stop: set it (e.g. from a signal handler) to end the run early.
         bus: the broker operations; a :class:`~worker.coordinator.bus.BrokerBus` by default.
+        continue_ended: go on counting from the run log's last checkpoint even if that run
+            ended (``warren run --resume``); otherwise only an unfinished run is resumed.
     """
 
     def __init__(
-        self, config: CoordinatorConfig, stop: threading.Event | None = None, *, bus: CoordinatorBus | None = None
+        self,
+        config: CoordinatorConfig,
+        stop: threading.Event | None = None,
+        *,
+        bus: CoordinatorBus | None = None,
+        continue_ended: bool = False,
     ) -> None:
         self.config = config
         self.job = config.job
@@ -89,8 +106,13 @@ class Coordinator:
         self._last_checkpoint = 0.0
         self._checkpoint_due = False
         self._nobody_since: float | None = None
+        self.continue_ended = continue_ended
         self.shutdown_s = SHUTDOWN_S
         """How long running tasks get to close when the run ends."""
+        self._ending = False
+        self._no_worker_since: float | None = time.monotonic()  # none seen yet
+        self._counters_path = counters_path(config.path_policy, coord.policy_name)
+        self._started_at = time.time()
 
     # -- the run --------------------------------------------------------------------
 
@@ -99,7 +121,7 @@ class Coordinator:
         coord = self.job.coordinator
         self.bus.open(self.names.collector_tasks_decl(), self.names.learner_data_decl(coord.buffer_id))
         self._idle_workers = self.bus.consumers(self.names.collector_tasks)
-        checkpoint = last_checkpoint(self.config.run_log)
+        checkpoint = last_checkpoint(self.config.run_log, after_end=self.continue_ended)
         if checkpoint is not None:
             self._resume(checkpoint)
         logger.info(
@@ -124,6 +146,8 @@ class Coordinator:
             self.driver.advance_all()
             if time.monotonic() >= self._next_check:
                 self._idle_workers = self.bus.consumers(self.names.collector_tasks)
+                self._notice_missing_workers()
+                self._read_learner_counters()
                 self.driver.check_liveness()
                 self._next_check = time.monotonic() + LIVENESS_CHECK_S
                 self._checkpoint()
@@ -134,6 +158,43 @@ class Coordinator:
             logger.error("broker unavailable: %s", exc.message)
             self.stop.wait(1.0)
         self.progress.update(self.stats, self.driver.workers_alive())
+
+    def _read_learner_counters(self) -> None:
+        """The learner's own counters, when it wrote them since this coordinator started.
+
+        An older file is an earlier run's (a learner that resumes rewrites it within a
+        policy write interval); a coordinator that cannot see the learner's policy
+        directory keeps the replay ratio unknown rather than guessing it.
+        """
+        counted = read_counters(self._counters_path)
+        if counted is not None and counted.written_at >= self._started_at - COUNTERS_CLOCK_SLACK_S:
+            self.stats.learner = counted
+
+    def _notice_missing_workers(self) -> None:
+        """Say once, after NO_WORKER_NOTICE_S, that no collector listens and none runs a task.
+
+        Otherwise a coordinator started with the wrong prefix or broker, or before any
+        collector, shows only zeros for its whole run.
+        """
+        working = any(t.worker_id is not None for t in self.driver.tasks.values())
+        now = time.monotonic()
+        if self._idle_workers > 0 or working:
+            if self.stats.no_workers:
+                logger.info("a collector is listening on %s now", self.names.collector_tasks)
+            self._no_worker_since = None
+            self.stats.no_workers = False
+            return
+        if self._no_worker_since is None:
+            self._no_worker_since = now
+        elif not self.stats.no_workers and now - self._no_worker_since >= NO_WORKER_NOTICE_S:
+            self.stats.no_workers = True
+            logger.warning(
+                "no collector is listening on %s (none for %.0f s): start one with the same broker and prefix"
+                " (warren collector --prefix %s), or check WARREN_AMQP_URL and WARREN_PREFIX",
+                self.names.collector_tasks,
+                now - self._no_worker_since,
+                self.names.prefix,
+            )
 
     def abort(self, reason: str) -> None:
         """End the run as failed (from any thread): the job cannot succeed, say why and stop."""
@@ -170,6 +231,8 @@ class Coordinator:
     def summary(self) -> dict[str, Any]:
         """The run's outcome and counters (printed, written to ``summary.json`` and the run log)."""
         stats = self.stats
+        self._read_learner_counters()
+        learner, ratio = stats.learner, stats.replay_ratio()
         return {
             "success": self.success,
             "reason": self.reason,
@@ -186,8 +249,10 @@ class Coordinator:
             "tasks_rerun": stats.tasks_rerun,
             "evals": stats.evals,
             "policy_iter": stats.policy_iter,
-            "replay_ratio": round(stats.replay_ratio(), 4),
+            "replay_ratio": None if ratio is None else round(ratio, 4),
             "replay_ratio_configured": self.job.bound.replay_ratio,
+            "learner_train_steps": None if learner is None else learner.train_steps,
+            "learner_samples": None if learner is None else learner.samples,
             "workers_seen": sorted(stats.workers),
         }
 
@@ -305,7 +370,11 @@ class Coordinator:
             return
         if finish is None or finish.error or not finish.real_episode_count:
             why = (finish.error if finish is not None else None) or "no close reply"
-            logger.warning("eval task %s produced no episodes (%s)", task.task_id, why)
+            if self._ending and not (finish is not None and finish.error):
+                # Closed by the run's end before its episodes were over: expected, not a fault.
+                logger.info("eval task %s was cut short by the end of the run (%s)", task.task_id, why)
+            else:
+                logger.warning("eval task %s produced no episodes (%s)", task.task_id, why)
             return
         self.stats.record_eval(finish.reward_mean)
         self.stats.policy_iter = max(self.stats.policy_iter, finish.train_iter)
@@ -355,9 +424,15 @@ class Coordinator:
 
     def _shutdown(self) -> None:
         """Close running tasks (bounded), forward what they already sent, then leave."""
-        deadline = time.monotonic() + self.shutdown_s
+        now = time.monotonic()
+        deadline, starts_deadline = now + self.shutdown_s, now + min(START_CANCEL_S, self.shutdown_s)
+        self._ending = True
         self.driver.close_all()
         while self.driver.tasks and time.monotonic() < deadline:
+            if time.monotonic() >= starts_deadline and all(
+                t.state is State.STARTING for t in self.driver.tasks.values()
+            ):
+                break  # only start requests nobody took: nobody will now
             try:
                 self.bus.wait(0.1)
                 self.driver.advance_all()
@@ -374,6 +449,8 @@ class Coordinator:
                 self.bus.abandon(task.correlation_id)
             with contextlib.suppress(MessagingError):
                 self.driver.drop(task, rerun=False)
+        # The counters as they end, for a run that is resumed later (warren run --resume).
+        self._checkpoint()
         summary = self.summary()
         self.progress.finish(summary)
         self.run_log.write("summary", summary)

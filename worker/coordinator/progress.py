@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -14,6 +13,7 @@ from rich.live import Live
 from rich.segment import Segment
 from rich.text import Text
 
+from worker import json_text
 from worker.coordinator.stats import RunStats
 
 
@@ -28,11 +28,14 @@ def status_text(stats: RunStats, workers: str, *, final: bool = False) -> str:
     ``final``: the run is over, so nothing is held back any more.
     """
     eval_text = f"{stats.last_eval:.1f}" if stats.last_eval is not None else "-"
+    ratio = stats.replay_ratio()
+    ratio_text = f"{ratio:.3f}" if ratio is not None else "-"
     return (
         f"{_clock(stats.elapsed())} | env steps {stats.env_steps:,} | {stats.steps_per_s():,.0f} steps/s"
         f" | samples {stats.samples:,} | episodes {stats.episodes:,} | eval {eval_text}"
-        f" | {workers} | policy iter {stats.policy_iter:,} | ratio {stats.replay_ratio():.3f}"
+        f" | {workers} | policy iter {stats.policy_iter:,} | ratio {ratio_text}"
         + (" | held: learner behind" if stats.held_back and not final else "")
+        + (" | no collector listening" if stats.no_workers and not final else "")
     )
 
 
@@ -45,8 +48,20 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"run {outcome} the stop value {summary['stop_value']} ({summary['reason']}): "
         f"{best_text}, {summary['env_steps']:,} env steps, "
         f"{summary['wall_time_s']:.0f} s, {summary['tasks_done']} tasks ({summary['tasks_rerun']} re-run), "
-        f"{len(summary['workers_seen'])} workers, policy iter {summary['policy_iter']:,}, "
-        f"replay ratio {summary['replay_ratio']:.3f} (configured {summary['replay_ratio_configured']})"
+        f"{len(summary['workers_seen'])} workers, policy iter {summary['policy_iter']:,}, " + _ratio_text(summary)
+    )
+
+
+def _ratio_text(summary: dict[str, Any]) -> str:
+    configured = summary["replay_ratio_configured"]
+    if configured is None and summary["replay_ratio"] is not None:
+        # An algorithm that does not pace itself by a replay ratio (on-policy): its updates.
+        return f"{summary['learner_train_steps']:,} updates for {summary['learner_samples']:,} samples"
+    if summary["replay_ratio"] is None:
+        return f"replay ratio unknown (no learner counters seen; configured {configured})"
+    return (
+        f"replay ratio {summary['replay_ratio']:.3f} (configured {configured}; the learner's "
+        f"{summary['learner_train_steps']:,} train steps for {summary['learner_samples']:,} samples)"
     )
 
 
@@ -178,7 +193,7 @@ class RunLog:
     def write(self, kind: str, record: dict[str, Any]) -> None:
         if self._file is None:
             return
-        self._file.write(json.dumps({"kind": kind, "time": time.time(), **record}, default=str) + "\n")
+        self._file.write(json_text.dumps({"kind": kind, "time": time.time(), **record}, default=str) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.storage.counters import LearnerCounters
+
 #: The counters a checkpoint carries; everything else in :class:`RunStats` is derived or local.
 _SAVED = ("env_steps", "samples", "episodes", "data_items", "tasks_done", "tasks_rerun", "evals")
 _SAVED_OPTIONAL = ("best_eval", "last_eval")
@@ -31,8 +33,12 @@ class RunStats:
     """When the first data item arrived (monotonic): collection time is counted from there."""
     held_back: bool = False
     """Collect tasks are being held back: the learner is behind (see the coordinator's rate limit)."""
+    no_workers: bool = False
+    """No collector has listened on the task queue or run a task for a while (the coordinator said so)."""
     workers: set[str] = field(default_factory=set)
     rate_window: list[tuple[float, int]] = field(default_factory=list)
+    learner: LearnerCounters | None = None
+    """The learner's own counters, as last read from the shared volume (``None``: not seen)."""
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started_at
@@ -50,9 +56,14 @@ class RunStats:
         """Seconds since the first data item arrived (0 before)."""
         return time.monotonic() - self.first_data_at if self.first_data_at is not None else 0.0
 
-    def replay_ratio(self) -> float:
-        """Train steps per collected sample so far, as far as the learner's iteration is known."""
-        return self.policy_iter / self.samples if self.samples else 0.0
+    def replay_ratio(self) -> float | None:
+        """Train steps per sample, as the learner counted both; ``None`` while its counters are unknown.
+
+        Not the newest policy iteration over the samples collected: the iteration seen in
+        the data lags the learner, and samples still queued for it are not learned from yet
+        (that read 10-25% low).
+        """
+        return self.learner.replay_ratio if self.learner is not None else None
 
     def count_data(self, samples: int, policy_iter: int) -> None:
         """A data item of ``samples`` samples, collected with the learner's policy ``policy_iter``."""

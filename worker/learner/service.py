@@ -34,6 +34,7 @@ from worker.lifecycle import limit_torch_threads
 from worker.protocol import DataItem, read_metadata
 from worker.rl.chunks import ChunkLayout, read_chunk
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
+from worker.storage.counters import LearnerCounters, counters_path, read_counters, write_counters
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class Learner:
         # interval is over must not come back untrained (and hand collectors that policy).
         self._last_checkpoint = -math.inf
         self._written_version = 0
+        self._counters = counters_path(config.path_policy, self.job.coordinator.policy_name)
 
     def run(self) -> None:
         """Serve until ``stop`` is set.
@@ -182,6 +184,9 @@ class Learner:
                 try:
                     self.learner.load_state_dict(snapshot.state_dict, snapshot.iter)
                     logger.info("resumed from the checkpoint at policy version %d", snapshot.iter)
+                    counted = read_counters(self._counters)  # the run's counters go on with its policy
+                    if counted is not None:
+                        self.stats.train_steps, self.stats.samples = counted.train_steps, counted.samples
                 except ValueError as exc:
                     logger.warning("the checkpoint does not fit this learner (%s); starting fresh", exc)
         self._write_policy()  # so collectors can start before any training
@@ -285,6 +290,10 @@ class Learner:
         self._written_version = version
         self.stats.policies_written += 1
         self._last_write = time.monotonic()
+        counted = LearnerCounters.now(
+            train_steps=self.stats.train_steps, samples=self.stats.samples, policy_iter=version
+        )
+        write_counters(self._counters, counted)  # what the run's summary reports as its replay ratio
 
     def _write_checkpoint(self) -> None:
         self.policies.write(self._checkpoint_name, self.learner.state_dict(), self.learner.version, self.header)
