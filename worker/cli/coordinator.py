@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, non_negative_int
+from worker.cli.flags import (
+    add_job_flags,
+    add_telemetry_flags,
+    add_transport_flags,
+    flag_values,
+    job_config,
+    log_level,
+    non_negative_int,
+)
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -41,6 +49,7 @@ def add_parser(commands: Any) -> None:
         choices=["auto", "line", "log", "off"],
         help="live status line (auto: on a terminal), periodic log lines, or nothing",
     )
+    add_telemetry_flags(parser, tensorboard=True)
     parser.set_defaults(run=run)
 
 
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
+        coordinator.telemetry.close()
     print(json.dumps(summary))
     if summary["error"]:
         print(f"warren coordinator: {summary['error']}", file=sys.stderr)

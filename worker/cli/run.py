@@ -29,9 +29,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from messaging import BrokerLink, Names, Settings, WarrenError
+from messaging import BrokerLink, ConfigurationError, Names, Settings, WarrenError
 from messaging.settings import to_env
-from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, positive_int
+from worker.cli.flags import (
+    add_job_flags,
+    add_telemetry_flags,
+    add_transport_flags,
+    flag_values,
+    job_config,
+    log_level,
+    positive_int,
+)
 from worker.cli.named_run import RunIdentity, join_command, loopback_hosts, run_identity, run_name
 from worker.logs import setup_logging
 
@@ -41,6 +49,8 @@ logger = logging.getLogger(__name__)
 CHILD_GRACE_S = 30.0
 #: Connect budget of the checks before and after the run: a broker is there or it is not.
 PREFLIGHT_CONNECT_S = 5.0
+#: The run directory's sub-directory of TensorBoard event files (one per role inside).
+TENSORBOARD_DIR = "tensorboard"
 
 
 def add_parser(commands: Any) -> None:
@@ -74,6 +84,7 @@ def add_parser(commands: Any) -> None:
         default="auto",
         help="live status line (auto: on a terminal), periodic log lines, or nothing",
     )
+    add_telemetry_flags(parser, tensorboard=False)  # TensorBoard events always go to the run's directory
     parser.set_defaults(run=run)
 
 
@@ -151,7 +162,10 @@ def run(args: argparse.Namespace) -> int:
     identity = run_identity(config.transport.prefix, args.name, args.workdir)
     run_id, workdir = identity.run_id, identity.workdir
     transport = config.transport.replace(prefix=identity.prefix)
-    config = dataclasses.replace(config, transport=transport, run_log=workdir / "run.jsonl")
+    config = dataclasses.replace(
+        config, transport=transport, run_log=workdir / "run.jsonl", tensorboard_dir=workdir / TENSORBOARD_DIR
+    )
+    ports = metrics_ports(config.metrics_port, args.collectors)
     setup_logging("run", log_level(args))
     problem = preflight(config)
     if problem is not None:
@@ -176,10 +190,17 @@ def run(args: argparse.Namespace) -> int:
     )
     if identity.named:
         _log_how_to_join(transport, workdir)
+    _log_where_to_look(config, ports)
     level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
-    children.start("learner", ["learner", "--config", str(job_file), *level])
+
+    def metrics(name: str) -> list[str]:
+        return ["--metrics-port", str(ports[name])] if ports else []
+
+    learner = ["learner", "--config", str(job_file), "--tensorboard-dir", str(config.tensorboard_dir)]
+    children.start("learner", [*learner, *metrics("learner"), *level])
     for i in range(args.collectors):
-        children.start(f"collector-{i}", ["collector", "--worker-id", collector_id(i), *level])
+        name = f"collector-{i}"
+        children.start(name, ["collector", "--worker-id", collector_id(i), *metrics(name), *level])
     coordinator = Coordinator(config, stop)
     children.watch(_ChildDeaths(coordinator, args.collectors).on_exit)
     try:
@@ -189,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
+        coordinator.telemetry.close()
         codes = children.stop()
         remove_run_topology(transport, job.coordinator.buffer_id, identity)
         removed = _remove_step_files(workdir / "data")
@@ -237,6 +259,38 @@ def preflight(config: Any) -> str | None:
     except WarrenError as exc:
         return f"no usable broker: {exc.message}"
     return None
+
+
+def metrics_ports(first: int, collectors: int) -> dict[str, int]:
+    """The ``/metrics`` port of each process of the run, from ``first`` on: none when ``first`` is 0.
+
+    The coordinator (this process) takes ``first``, the learner the next, then collector 0, 1...
+
+    Raises:
+        ConfigurationError: the last of them would be above 65535.
+    """
+    if not first:
+        return {}
+    names = ["coordinator", "learner", *(f"collector-{i}" for i in range(collectors))]
+    if first + len(names) - 1 > 65535:
+        raise ConfigurationError(
+            f"--metrics-port {first}: the run's {len(names)} processes need ports {first} to "
+            f"{first + len(names) - 1}, above 65535"
+        )
+    return {name: first + i for i, name in enumerate(names)}
+
+
+def _log_where_to_look(config: Any, ports: dict[str, int]) -> None:
+    logger.info("TensorBoard: tensorboard --logdir %s", config.tensorboard_dir)
+    if ports:
+        ordered = list(ports.values())
+        logger.info(
+            "Prometheus metrics at http://%s:<port>/metrics: coordinator %d, learner %d, collectors %s",
+            config.metrics_addr,
+            ordered[0],
+            ordered[1],
+            f"{ordered[2]}-{ordered[-1]}" if len(ordered) > 3 else str(ordered[2]),
+        )
 
 
 def _log_how_to_join(transport: Settings, workdir: Path) -> None:

@@ -25,6 +25,7 @@ from worker.coordinator.progress import Progress, RunLog
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.protocol import FinishInfo, Refusal
+from worker.telemetry.coordinator import RunTelemetry
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class Coordinator:
         self.stats = RunStats()
         self.progress = Progress(config.progress)
         self.run_log = RunLog(config.run_log)
+        self.telemetry = RunTelemetry.from_config(config, self.stats)
+        """Prometheus metrics and TensorBoard scalars of the run (each off unless configured)."""
         coord = self.job.coordinator
         self.driver = TaskDriver(
             self.bus,
@@ -93,6 +96,7 @@ class Coordinator:
     def run(self) -> dict[str, Any]:
         """Run until the stop value, a budget, or ``stop``; returns the summary."""
         coord = self.job.coordinator
+        self.telemetry.serve(self.config.metrics_addr, self.config.metrics_port)
         self.bus.open(self.names.collector_tasks_decl(), self.names.learner_data_decl(coord.buffer_id))
         self._idle_workers = self.bus.consumers(self.names.collector_tasks)
         checkpoint = last_checkpoint(self.config.run_log)
@@ -122,6 +126,7 @@ class Coordinator:
                 self.driver.check_liveness()
                 self._next_check = time.monotonic() + LIVENESS_CHECK_S
                 self._checkpoint()
+                self.telemetry.tick(self.driver.tasks.values(), self.driver.workers_alive())
             elif self._checkpoint_due:
                 self._checkpoint(soon=True)
         except BrokerConnectionError as exc:
@@ -189,14 +194,14 @@ class Coordinator:
                 held = True  # the rate limit: the learner is behind
                 break
             eps = self.job.learner.epsilon(self.stats.env_steps)
-            self.driver.launch(Kind.COLLECT, self.job.collect_spec(eps))
+            self.telemetry.task_launched(self.driver.launch(Kind.COLLECT, self.job.collect_spec(eps)))
             self._idle_workers = max(0, self._idle_workers - 1)  # claimed until the next count
             run_ahead += n_sample
             collecting += 1
         self.stats.held_back = held
         now = time.monotonic()
         if now >= self._next_eval and not any(t.kind is Kind.EVAL for t in self.driver.tasks.values()):
-            self.driver.launch(Kind.EVAL, self.job.eval_spec())
+            self.telemetry.task_launched(self.driver.launch(Kind.EVAL, self.job.eval_spec()))
             self._next_eval = now + self.job.coordinator.eval_interval_s
 
     def _collect_slots(self, collecting: int) -> int:
@@ -228,6 +233,7 @@ class Coordinator:
     # -- outcomes -------------------------------------------------------------------
 
     def _dropped(self, task: Task, rerun: bool) -> None:
+        self.telemetry.task_dropped(task, rerun)
         if rerun and task.kind is Kind.EVAL:
             self._next_eval = time.monotonic()  # the next fill starts a new one
 
@@ -245,6 +251,7 @@ class Coordinator:
         logger.warning("start of %s refused (%s); next start in %.1f s", task.task_id, refusal or message, delay)
 
     def _record(self, task: Task, finish: FinishInfo | None) -> None:
+        self.telemetry.task_completed(task, finish)
         record: dict[str, Any] = {
             "task_id": task.task_id,
             "worker_id": task.worker_id,
@@ -332,4 +339,6 @@ class Coordinator:
         self.progress.finish(summary)
         self.run_log.write("summary", summary)
         self.run_log.close()
+        self.telemetry.tick((), 0, final=True)
+        self.telemetry.close()
         self.bus.close()

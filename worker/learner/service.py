@@ -33,6 +33,7 @@ from worker.rl.envs import make_env
 from worker.rl.fast_dqn import NumpyDQNLearner
 from worker.rl.policy import limit_torch_threads
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
+from worker.telemetry.learner import LearnerTelemetry  # [telemetry]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Learner:
         self.learner = NumpyDQNLearner(spec, obs_dim, n_actions, seed=self.job.env.seed)
         self.rng = np.random.default_rng(self.job.env.seed)
         self.stats = LearnerStats()
+        self.telemetry = LearnerTelemetry.from_config(config)  # [telemetry] metrics and TensorBoard, off by default
         self._train_credit = 0.0
         self._recent: set[str] = set()
         self._recent_order: collections.deque[str] = collections.deque()
@@ -82,6 +84,7 @@ class Learner:
     def run(self) -> None:
         """Serve until ``stop`` is set."""
         limit_torch_threads(self.config.torch_threads)
+        self.telemetry.serve(self.config.metrics_addr, self.config.metrics_port)  # [telemetry]
         queue_decl = self.names.learner_data_decl(self.job.coordinator.buffer_id)
         with BrokerLink(self.config.transport, "learner") as link:
             link.declare(queue_decl)
@@ -98,6 +101,8 @@ class Learner:
                         link.process_events(0.0)  # heartbeats; the data waits until training caught up
                     else:
                         self._take(consumer, 0.2)
+                    if self.telemetry.backlog_due():  # [telemetry] samples waiting in the queue
+                        self.telemetry.backlog(link.queue_depth(queue_decl.name) or 0)  # [telemetry]
                 except BrokerConnectionError as exc:
                     # The link reconnects by itself on its next use; keep training meanwhile.
                     logger.error("broker unavailable: %s", exc.message)
@@ -109,6 +114,7 @@ class Learner:
             self._write_policy()
             with contextlib.suppress(BrokerConnectionError):
                 consumer.close()
+        self.telemetry.close()  # [telemetry]
         logger.info("learner stopped after %d train steps", self.stats.train_steps)
 
     def _resume_or_start(self) -> None:
@@ -160,6 +166,7 @@ class Learner:
         if data_id in self._recent:
             # A redelivery of something already learned from (at-least-once hand-over).
             self.stats.duplicates += 1
+            self.telemetry.skipped("duplicate")  # [telemetry]
             item.ack()
             return
         # A redelivered message may name a file this learner already consumed and deleted
@@ -175,12 +182,14 @@ class Learner:
                 self.stats.missing_files += 1
             else:
                 self.stats.corrupt_files += 1
+            self.telemetry.skipped("missing" if isinstance(exc, MissingFile) else "corrupt")  # [telemetry]
             logger.warning("skipping %s: %s", data_id, exc.message)
             item.ack()
             return
         self._remember(data_id)
         self.stats.items += 1
         self.stats.samples += added
+        self.telemetry.ingested(added, policy_lag=self.learner.iter - metadata.policy_iter)  # [telemetry]
         self._train_credit += added * self.job.learner.train_steps_per_sample
         item.ack()
         if self.job.learner_process.delete_consumed:
@@ -200,7 +209,10 @@ class Learner:
         burst = 0
         while self._can_train() and burst < 32 and not self.stop.is_set():
             batch = self.buffer.sample_arrays(self.job.learner.batch_size, self.rng)
+            started = time.perf_counter()  # [telemetry]
             metrics = self.learner.train_step(batch)
+            self.telemetry.train_step(time.perf_counter() - started)  # [telemetry]
+            self.telemetry.record(metrics, step=self.learner.iter)  # [telemetry] the algorithm's statistics
             self.stats.last_loss = metrics["loss"]
             self.stats.train_steps += 1
             self._train_credit -= 1.0
@@ -210,6 +222,7 @@ class Learner:
 
     def _write_policy(self) -> None:
         self.policies.write(self._policy_name, self.learner.policy_state(), self.learner.iter)
+        self.telemetry.policy_written(self.learner.iter)  # [telemetry]
         self.stats.policies_written += 1
         self._last_write = time.monotonic()
 
