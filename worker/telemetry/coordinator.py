@@ -104,14 +104,17 @@ class RunTelemetry:
                 self._counts.duration[task.kind].observe(self._clock() - launched)
         if self.board is None or finish is None or finish.error or not finish.real_episode_count:
             return
-        group = "eval" if task.kind is Kind.EVAL else "collect"
-        values = {
-            f"{group}/episode_return": finish.reward_mean,
-            f"{group}/episode_length": finish.avg_step_per_episode,
-        }
         if task.kind is Kind.EVAL:
-            values["eval/return"] = finish.reward_mean
-            values["eval/return_std"] = finish.reward_std
+            values = {
+                "eval/return": finish.reward_mean,
+                "eval/return_std": finish.reward_std,
+                "eval/episode_length": finish.avg_step_per_episode,
+            }
+        else:
+            values = {
+                "collect/episode_return": finish.reward_mean,
+                "collect/episode_length": finish.avg_step_per_episode,
+            }
         self.board.add(values, self.stats.env_steps)
 
     def task_dropped(self, task: Task, rerun: bool) -> None:
