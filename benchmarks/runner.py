@@ -23,6 +23,7 @@ from typing import Any
 from benchmarks import (
     case_collector,
     case_e2e,
+    case_metrics,
     case_queue_type,
     case_rpc,
     case_scaling,
@@ -39,7 +40,16 @@ RESULTS_DIR = Path(__file__).parent / "results"
 #: Cases in the order they run (cheapest first, whole jobs last).
 CASES: dict[str, ModuleType] = {
     module.NAME: module
-    for module in (case_steps, case_rpc, case_stream, case_queue_type, case_collector, case_scaling, case_e2e)
+    for module in (
+        case_steps,
+        case_rpc,
+        case_stream,
+        case_queue_type,
+        case_collector,
+        case_metrics,
+        case_scaling,
+        case_e2e,
+    )
 }
 
 
