@@ -23,6 +23,7 @@ from typing import Any
 from benchmarks import (
     case_collector,
     case_e2e,
+    case_metrics,
     case_node_loss,
     case_queue_type,
     case_rpc,
@@ -47,6 +48,7 @@ CASES: dict[str, ModuleType] = {
         case_queue_type,
         case_node_loss,
         case_collector,
+        case_metrics,
         case_scaling,
         case_e2e,
     )

@@ -24,6 +24,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
+from messaging import stats
 from messaging.codec import CONTENT_TYPE, SCHEMA_VERSION
 from messaging.connection import BrokerAddress, open_connection, translated
 from messaging.errors import BrokerConnectionError, ChannelError, ConnectionClosed, PublishRejected, QueueNotFound
@@ -163,6 +164,9 @@ class BrokerLink(QueueAdmin):
         logger.warning("%s link lost (%s, on %s); reconnecting", self.role, error.message, node)
         self._drop()
         self.reconnects += 1
+        counts = stats.link_stats(self.role)
+        if counts is not None:
+            counts.reconnected()
         self._ensure()
 
     def _with_recovery(self, what: Callable[[], Any]) -> Any:

@@ -31,6 +31,7 @@ import pika.spec
 from pika.adapters.select_connection import IOLoop
 from pika.channel import Channel
 
+from messaging import stats
 from messaging.connection import (
     BrokerAddress,
     failover_order,
@@ -91,6 +92,7 @@ class PublisherIO:
         """Set once the publisher could first publish, or failed trying."""
         self.nacks = 0
         self.reconnects = 0
+        self._stats = stats.link_stats(role)  # None unless this process exports metrics
         self._conn: pika.SelectConnection | None = None
         self._address = addresses[0]  # the node of the current (or next) connection attempt
         self._to_try: list[BrokerAddress] = []  # the rest of this round of the nodes
@@ -131,7 +133,10 @@ class PublisherIO:
 
     def on_new_messages(self) -> None:
         """Take what the publishing threads added to the window and send it."""
-        self._outbox.add(self.window.take_new())
+        new = self.window.take_new()
+        if self._stats is not None:
+            self._stats.published(len(new))
+        self._outbox.add(new)
         self._send()
 
     def declare(self, decl: QueueDecl, call: PendingCall) -> None:
@@ -222,6 +227,8 @@ class PublisherIO:
             self.window.unconfirmed,
         )
         self.reconnects += 1
+        if self._stats is not None:
+            self._stats.reconnected()
         self._reconnecting = True
         self._resend_all()
         if "outage" not in self._timers:
@@ -311,16 +318,19 @@ class PublisherIO:
         method = frame.method
         confirmed = self._outbox.confirmed(method.delivery_tag, method.multiple)
         if isinstance(method, pika.spec.Basic.Ack):
-            self._on_acked(len(confirmed))
+            self._on_acked(confirmed)
         else:
             if confirmed:
                 self._sending.nacked(method.delivery_tag, self._outbox.next_tag)
             self._on_nacked(confirmed)
 
-    def _on_acked(self, count: int) -> None:
-        if count:
-            self.window.confirmed(count)
-        self._sending.acked(count)
+    def _on_acked(self, messages: list[Outgoing]) -> None:
+        if messages:
+            self.window.confirmed(len(messages))
+            if self._stats is not None:
+                now = time.monotonic()
+                self._stats.confirmed([now - message.put_at for message in messages])
+        self._sending.acked(len(messages))
         self._streak.acked()
         self._nacking_since = None
         self._nack_backoff.reset()
@@ -331,6 +341,8 @@ class PublisherIO:
         if not messages:
             return
         self.nacks += len(messages)
+        if self._stats is not None:
+            self._stats.nacked(len(messages))
         self._streak.nacked(len(messages))
         self._outbox.refused.extend(messages)
         if self._nacking_since is None:

@@ -32,6 +32,8 @@ class Outgoing:
     queue: str
     body: bytes
     properties: pika.BasicProperties
+    put_at: float = 0.0
+    """When it was published (monotonic): its confirm latency counts from here."""
 
 
 class UnconfirmedWindow:
@@ -81,7 +83,7 @@ class UnconfirmedWindow:
             seq = self._next_seq
             self._next_seq = seq + 1
             properties.message_id = f"{self.id_prefix}{seq}"
-            self._new.append(Outgoing(seq, queue, body, properties))
+            self._new.append(Outgoing(seq, queue, body, properties, time.monotonic()))
             self._unconfirmed += 1
             wake = not self._wake_pending
             self._wake_pending = True

@@ -14,6 +14,9 @@ It does what the README tells a user to do, and checks what the user should see:
    stop value, and every container stops cleanly when the coordinator ends.
 4. ``up -d`` then ``up -d --scale collector=4``: the new collectors are listed by their
    connection names with their consumers, and the coordinator gives each a task.
+   Prometheus scrapes RabbitMQ and every warren role (its targets are up: the two
+   collectors, then all four, found by the compose network's DNS), and warren's
+   counters rise while the job trains.
 5. SIGKILL of one busy collector: the coordinator sees it gone and runs its task again
    (steps 4-6 run with a small override giving the coordinator longer collect tasks, so
    that a collector can be caught in the middle of one).
@@ -49,6 +52,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -92,6 +96,13 @@ KILLS = 2
 COMPLETED_FROM_DATA = "completed from its data"
 #: Run log kinds of a finished task: collect tasks log "task", evaluations "eval".
 FINISHED = ("task", "eval")
+#: Prometheus' scrape jobs (deploy/prometheus.yml) and the warren counter each must see rise.
+SCRAPE_JOBS = ("rabbitmq", "warren-coordinator", "warren-learner", "warren-collector")
+RISING = (
+    'sum(warren_env_steps_total{role="collector"})',
+    'sum(warren_learner_train_steps_total{role="learner"})',
+    'sum(warren_run_env_steps_total{role="coordinator"})',
+)
 T = TypeVar("T")
 
 
@@ -206,7 +217,7 @@ class Smoke:
         self.compose_files = ["docker-compose.yml"]
         self.user = f"smoke-{secrets.token_hex(3)}"
         self.password = secrets.token_urlsafe(18).replace("-", "x").replace("_", "y")
-        self.amqp_port, self.management_port, self.prometheus_port = free_ports(3)
+        self.amqp_port, self.management_port, self.prometheus_port, self.prometheus_ui_port = free_ports(4)
         self.service: subprocess.Popen[bytes] | None = None
         self.up_process: subprocess.Popen[bytes] | None = None
         self.health_stop = threading.Event()
@@ -445,6 +456,8 @@ class Smoke:
             "RABBITMQ_AMQP_PORT": str(self.amqp_port),
             "RABBITMQ_MANAGEMENT_PORT": str(self.management_port),
             "RABBITMQ_PROMETHEUS_PORT": str(self.prometheus_port),
+            "PROMETHEUS_BIND": "127.0.0.1",
+            "PROMETHEUS_PORT": str(self.prometheus_ui_port),
             "WARREN_IMAGE": WARREN_IMAGE,
             "RABBITMQ_CLUSTER_COOKIE": secrets.token_hex(20),
             # A bound on the training run: a budget spent is exit code 3, not a hang.
@@ -605,18 +618,70 @@ class Smoke:
         with self.step("up -d"):
             self.compose("up", "--detach", timeout_s=600, env=env)
             two = wait_until(lambda: self.gave_tasks(2), 240, "2 collectors with tasks")
+        with self.step("prometheus"):
+            up = wait_until(lambda: self.scraped(collectors=2), 120, "Prometheus targets up: broker, 3 roles")
+            rising = self.counters_rise()
+        self.passed_check(f"Prometheus scrapes every target: {up}")
+        self.passed_check("warren's counters rise in Prometheus during training: " + "; ".join(rising))
         with self.step("scale"):
             self.compose("up", "--detach", "--scale", "collector=4", timeout_s=600, env=env)
             workers = wait_until(lambda: self.gave_tasks(4), 240, "4 collectors with tasks")
             consumers = wait_until(
                 lambda: self.consume_control_queues(workers), 120, "a consumer per new collector's control queue"
             )
+            scaled = wait_until(lambda: self.scraped(collectors=4), 120, "Prometheus targets of 4 collectors up")
         new = sorted(set(workers) - set(two))
         self.passed_check(f"--scale collector=4: {len(new)} new collectors, each with tasks: {new}")
         for wid in sorted(workers):
             name = workers[wid]["client_properties"]["connection_name"]
             log(f"  {name}: consumes {sorted(consumers[wid])}")
         self.passed_check("the management API lists every collector's connection name and its consumers")
+        self.passed_check(f"Prometheus found the new collectors by DNS, with no config change: {scaled}")
+
+    def prometheus(self, path: str) -> Any:
+        """The ``data`` of a Prometheus HTTP API answer (the service's published port)."""
+        url = f"http://127.0.0.1:{self.prometheus_ui_port}{path}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            answer = json.loads(response.read())
+        if answer.get("status") != "success":
+            raise SmokeFailure(f"Prometheus {path}: {answer}")
+        return answer["data"]
+
+    def scraped(self, collectors: int) -> dict[str, int] | None:
+        """``{job: targets up}`` once every target is up: the broker, the coordinator, the learner, ``collectors``."""
+        try:
+            targets = self.prometheus("/api/v1/targets?state=active")["activeTargets"]
+        except (urllib.error.URLError, OSError, json.JSONDecodeError):
+            return None
+        up: dict[str, int] = {}
+        for target in targets:
+            if target.get("health") != "up":
+                return None
+            job = str(target["labels"]["job"])
+            up[job] = up.get(job, 0) + 1
+        wanted = {job: 1 for job in SCRAPE_JOBS} | {"warren-collector": collectors}
+        return up if up == wanted else None
+
+    def query(self, expression: str) -> float | None:
+        """The value of a PromQL expression with one result (``None`` while it has none)."""
+        try:
+            result = self.prometheus("/api/v1/query?" + urllib.parse.urlencode({"query": expression}))["result"]
+        except (urllib.error.URLError, OSError, json.JSONDecodeError):
+            return None
+        return float(result[0]["value"][1]) if result else None
+
+    def counters_rise(self) -> list[str]:
+        """Each counter of :data:`RISING` is scraped, then scraped again higher (the job trains)."""
+        seen = []
+        for expression in RISING:
+            first = wait_until(partial(self.query, expression), 60, f"{expression} in Prometheus", every_s=1)
+            later = wait_until(partial(self.above, expression, first), 60, f"{expression} above {first:g}", every_s=1)
+            seen.append(f"{expression} {first:g} -> {later:g}")
+        return seen
+
+    def above(self, expression: str, floor: float) -> float | None:
+        value = self.query(expression)
+        return value if value is not None and value > floor else None
 
     def long_tasks_override(self) -> Path:
         """A compose file giving the coordinator the shipped job with 64k-sample collect tasks (~1 s)."""

@@ -43,6 +43,13 @@ def role_config(cls: type[_C], env: Mapping[str, str] | None = None, **overrides
     return load(cls, env, overrides)
 
 
+def _check_metrics(port: int, addr: str) -> None:
+    if not 0 <= port <= 65535:
+        raise ConfigurationError(f"metrics_port must be 0 (no metrics) or a port up to 65535, got {port!r}")
+    if not addr:
+        raise ConfigurationError("metrics_addr names no address")
+
+
 def _positive(config: object, *names: str) -> None:
     for name in names:
         if getattr(config, name) <= 0:
@@ -80,6 +87,10 @@ class CollectorConfig:
     every installed one). warren's built-ins are always there. Tasks can only name what is loaded."""
     env_packages: str = DEFAULT_ENV_PACKAGES
     """Modules imported at start so their gymnasium ids register (comma-separated; missing ones are skipped)."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics at ``http://<metrics_addr>:<port>/metrics``; 0: none."""
+    metrics_addr: str = "127.0.0.1"
+    """The address ``/metrics`` listens on (``0.0.0.0``: every interface, for a Prometheus elsewhere)."""
 
     def __post_init__(self) -> None:
         if not _WORKER_ID_RE.match(self.worker_id):
@@ -87,6 +98,7 @@ class CollectorConfig:
         _positive(self, "data_wait_s", "policy_wait_s", "close_wait_s", "stall_timeout_s", "stop_grace_s")
         if self.handler_threads < 2:
             raise ConfigurationError("handler_threads must be >= 2 (data and close tasks run side by side)")
+        _check_metrics(self.metrics_port, self.metrics_addr)
 
 
 @dataclass(frozen=True)
@@ -102,9 +114,16 @@ class LearnerConfig:
     torch_threads: int = 1
     """torch intra-op threads of the learner. Its train step runs in numpy, whose BLAS pool
     is sized by ``OPENBLAS_NUM_THREADS`` (1 unless set, see :mod:`worker.lifecycle`)."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics at ``http://<metrics_addr>:<port>/metrics``; 0: none."""
+    metrics_addr: str = "127.0.0.1"
+    """The address ``/metrics`` listens on (``0.0.0.0``: every interface, for a Prometheus elsewhere)."""
+    tensorboard_dir: Path | None = None
+    """Write TensorBoard event files under ``<dir>/learner``; ``None``: none."""
 
     def __post_init__(self) -> None:
         _positive(self, "torch_threads")
+        _check_metrics(self.metrics_port, self.metrics_addr)
 
 
 @dataclass(frozen=True)
@@ -121,7 +140,14 @@ class CoordinatorConfig:
     """The learner's policy directory, where it writes its counters (:mod:`worker.storage.counters`):
     the replay ratio shown and summed up is the learner's own from there, unknown where the
     coordinator cannot see that directory."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics at ``http://<metrics_addr>:<port>/metrics``; 0: none."""
+    metrics_addr: str = "127.0.0.1"
+    """The address ``/metrics`` listens on (``0.0.0.0``: every interface, for a Prometheus elsewhere)."""
+    tensorboard_dir: Path | None = None
+    """Write TensorBoard event files under ``<dir>/coordinator``; ``None``: none."""
 
     def __post_init__(self) -> None:
         if self.progress not in ("auto", "line", "log", "off"):
             raise ConfigurationError(f"progress must be auto, line, log or off, got {self.progress!r}")
+        _check_metrics(self.metrics_port, self.metrics_addr)

@@ -38,7 +38,9 @@ def run_job(settings: Settings, workdir: Path, config: str, *extra: str) -> tupl
     return json.loads(summary_path.read_text()), returns, done.stderr
 
 
-def test_ppo_learns_cartpole_with_collectors_and_learner_in_separate_processes(settings: Settings, tmp_path: Path) -> None:
+def test_ppo_learns_cartpole_with_collectors_and_learner_in_separate_processes(
+    settings: Settings, tmp_path: Path
+) -> None:
     # Given the shipped PPO job, asked for 300 instead of 475, with a 60 s budget
     summary, returns, log = run_job(
         settings, tmp_path / "run", "cartpole_ppo.toml", "--stop-value", "300", "--max-time-s", "60", "--seed", "2"

@@ -33,6 +33,7 @@ from tests.compose import (
     service_command,
     service_environment,
 )
+from tests.observe import free_port, scalars, scrape, total
 from tests.procs import Proc
 from tests.rabbit_nodes import PrivateNode
 from worker.job import JobConfig
@@ -55,6 +56,8 @@ class ComposeStack:
         self.compose = load_compose(variables)
         self.variables = variables
         self.procs: list[Proc] = []
+        self.metrics_ports: dict[int, int] = {}
+        """``{pid: port}`` of each process's /metrics."""
 
     def service(self, name: str) -> dict[str, Any]:
         service: dict[str, Any] = self.compose["services"][name]
@@ -79,10 +82,16 @@ class ComposeStack:
         # ... here it is the test broker's vhost, and the test's own prefix.
         env["WARREN_AMQP_URL"] = self.settings.amqp_url
         env["WARREN_PREFIX"] = self.settings.prefix
+        # Each container has its own network namespace for the metrics port; processes on
+        # one machine share one: a free port each, on the loopback address.
+        assert env["WARREN_METRICS_PORT"] and env["WARREN_METRICS_ADDR"] == "0.0.0.0"
+        port = free_port()
+        env["WARREN_METRICS_PORT"], env["WARREN_METRICS_ADDR"] = str(port), "127.0.0.1"
         env = {key: self.local_path(name, value) for key, value in env.items()}
         args = [self.local_path(name, arg) for arg in service_command(service)]
         proc = Proc(args, env=env, log=self.workdir / f"{name}-{index}.log")
         self.procs.append(proc)
+        self.metrics_ports[proc.pid] = port
         return proc
 
     def kill_all(self) -> None:
@@ -131,6 +140,14 @@ def test_compose_services_train_together(stack_factory: Any, settings: Settings)
         lambda: all(collector_connection(settings.amqp_url, c.pid) for c in collectors), 120, "collectors to connect"
     )
     coordinator = stack.start("coordinator")
+    # While the job trains, the coordinator's /metrics shows the run going on
+    coordinator_port = stack.metrics_ports[coordinator.pid]
+
+    def counting() -> bool:
+        assert coordinator.alive(), coordinator.log()[-3000:]
+        return total(scrape(coordinator_port), "warren_run_env_steps_total", role="coordinator") > 0
+
+    wait_until(counting, 60, "the coordinator's env steps in its /metrics")
 
     code = coordinator.wait(RUN_BUDGET_S + 45)
     assert code in (0, 3), coordinator.log()  # 0: stop value reached, 3: budget spent; never a crash
@@ -151,6 +168,25 @@ def test_compose_services_train_together(stack_factory: Any, settings: Settings)
     policy = PolicyStore(volume / "policy").read(JobConfig().coordinator.policy_name)
     assert policy is not None and policy.iter > 0, learner.log()
     assert summary["policy_iter"] > 0
+    # Each collector's /metrics counts its own work, under its worker id
+    counted = {}
+    for proc in collectors:
+        found = scrape(stack.metrics_ports[proc.pid])
+        assert found is not None, proc.log()
+        (worker_id,) = {s.labels["worker_id"] for s in found if s.name == "warren_collector_busy"}
+        counted[worker_id] = total(found, "warren_env_steps_total", role="collector", kind="collect")
+        assert total(found, "warren_chunks_confirmed_total") > 0, worker_id
+        assert total(found, "warren_tasks_finished_total", kind="collect") > 0, worker_id
+        # The transport's counters: the task publishers' confirms, with their latency
+        assert total(found, "warren_publisher_messages_confirmed_total") > 0, worker_id
+        assert total(found, "warren_publisher_confirm_latency_seconds_count") > 0, worker_id
+    assert set(counted) == set(workers) and all(steps > 0 for steps in counted.values()), counted
+    # What the collectors counted is at least what the coordinator read of it (it may have
+    # closed a task before reading its last item)
+    assert sum(counted.values()) >= summary["env_steps"], (counted, summary["env_steps"])
+    learned = scrape(stack.metrics_ports[learner.pid])
+    assert total(learned, "warren_learner_train_steps_total", role="learner") > 0, learner.log()[-2000:]
+    assert total(learned, "warren_policy_version", role="learner") > 0
 
     # docker compose stop: SIGTERM to every container, SIGKILL after its stop_grace_period.
     stopping = [*((c, "collector") for c in collectors), (learner, "learner")]
@@ -160,6 +196,17 @@ def test_compose_services_train_together(stack_factory: Any, settings: Settings)
     for proc, name in stopping:
         grace = duration_s(stack.service(name)["stop_grace_period"])
         assert proc.wait(max(0.1, signalled + grace - time.monotonic())) == 0, proc.log()
+    # TensorBoard: the coordinator's curves at the run's env steps, the learner's at its iterations
+    board = volume / "runs" / "tensorboard"
+    run_curves, learner_curves = scalars(board / "coordinator"), scalars(board / "learner")
+    evals = [r for r in records if r["kind"] == "eval"]
+    # (TensorBoard keeps scalars as 32-bit floats)
+    assert [v for _, v in run_curves["eval/return"]] == pytest.approx([r["reward_mean"] for r in evals])
+    assert [s for s, _ in run_curves["eval/return"]] == [r["env_steps"] for r in evals]
+    assert run_curves["run/tasks_done"][-1][1] == summary["tasks_done"]
+    assert {"learner/loss", "learner/q_mean", "learner/replay_ratio", "learner/policy_lag"} <= learner_curves.keys()
+    iterations = [step for step, _ in learner_curves["learner/loss"]]
+    assert iterations == sorted(iterations) and iterations[-1] > 0
     with BrokerLink(settings, "test-check") as link:
         for worker_id in workers:
             assert not link.queue_exists(names.collector_control(worker_id)), worker_id

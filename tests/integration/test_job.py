@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +18,7 @@ import pytest
 
 from messaging import BrokerLink, Names, RpcClient, Settings
 from tests.broker_admin import queues, wait_until
+from tests.observe import free_port_block, scalars, scrape, total
 from tests.procs import Proc, role_env, wait_for_queue
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
@@ -68,6 +70,16 @@ def test_two_collectors_train_cartpole_to_the_stop_value(settings: Settings, tmp
     # The learner deleted the step files it consumed (only unconsumed stragglers may remain)
     left = [p for p in (tmp_path / "run" / "data").iterdir()]
     assert len(left) < summary["samples"] / 32 / 4
+    # TensorBoard shows the run from its directory: the evaluations up to 195 at their env steps
+    board = tmp_path / "run" / "tensorboard"
+    run_curves, learner_curves = scalars(board / "coordinator"), scalars(board / "learner")
+    evals = _records(tmp_path / "run", "eval")
+    assert [step for step, _ in run_curves["eval/return"]] == [r["env_steps"] for r in evals]
+    assert [value for _, value in run_curves["eval/return"]] == pytest.approx([r["reward_mean"] for r in evals])
+    assert run_curves["eval/return"][-1][1] >= 195.0
+    assert {"collect/episode_return", "collect/episode_length", "throughput/env_steps_per_s"} <= run_curves.keys()
+    assert run_curves["run/tasks_rerun"][-1][1] == summary["tasks_rerun"]
+    assert {"learner/loss", "learner/grad_norm", "learner/policy_lag", "learner/samples_per_s"} <= learner_curves.keys()
 
 
 def test_a_collector_killed_mid_task_does_not_stop_the_run(settings: Settings, tmp_path: Path, link: Any) -> None:
@@ -210,13 +222,18 @@ def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path
     assert "one collect task per worker" in coordinator.log()
 
 
-def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Settings, tmp_path: Path) -> None:
-    # Given warren run with a non-default metadata queue length, and long collect tasks
+def serves(port: int) -> bool:
+    return scrape(port) is not None
+
+
+def test_broker_and_metrics_flags_given_to_warren_run_reach_the_collectors(settings: Settings, tmp_path: Path) -> None:
+    # Given warren run with a non-default metadata queue length, metrics from a first port on, and long collect tasks
     job = tmp_path / "job.toml"
     job.write_text("[collector]\nn_sample = 50000\n[coordinator]\nmax_run_ahead_samples = 50000\n")
     env = {**os.environ, **role_env(settings)}
+    first = free_port_block(3)
     args = ["run", "--workdir", str(tmp_path / "run"), "--progress", "off", "--config", str(job)]
-    args += ["--collectors", "1", "--metadata-queue-length", "3", "--max-time-s", "90"]
+    args += ["--collectors", "1", "--metadata-queue-length", "3", "--max-time-s", "90", "--metrics-port", str(first)]
     proc = subprocess.Popen([sys.executable, "-m", "worker.cli", *args], env=env)
     lengths: set[int] = set()
     try:
@@ -228,10 +245,16 @@ def test_broker_flags_given_to_warren_run_reach_the_collectors(settings: Setting
             return bool(lengths)
 
         wait_until(declared, 60, "a metadata queue")
+        # Then every process serves its metrics on its own port: coordinator, learner, collector c0
+        roles = [("coordinator", "coordinator"), ("learner", "learner"), ("collector", "c0")]
+        for port, (role, worker_id) in enumerate(roles, start=first):
+            wait_until(partial(serves, port), 60, f"{role}'s /metrics on port {port}")
+            assert total(scrape(port), "warren_build_info", role=role, worker_id=worker_id) == 1, (port, role)
+        wait_until(lambda: total(scrape(first + 2), "warren_chunks_published_total") > 0, 60, "c0's first chunks")
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
-    # Then the collector declared its metadata queue with the flag's value, not the default
+    # And the collector declared its metadata queue with the flag's value, not the default
     assert lengths == {3}
 
 

@@ -25,6 +25,7 @@ from messaging import (
     StreamStalled,
     StreamStopped,
     Subscription,
+    stats,
 )
 from messaging.unconfirmed import NACKS_BEFORE_REOPEN
 from tests import broker_admin
@@ -135,6 +136,32 @@ def test_a_full_queue_blocks_publish_until_stopped_and_a_reader_then_gets_everyt
     assert got[-1] == 999
 
 
+def test_the_transport_counts_publishes_confirms_nacks_and_their_latency_for_metrics(settings: Settings) -> None:
+    # Given counting on (as a role serving /metrics has it) and a queue of 3 that refuses more
+    stats.enable()
+    role = f"test-counted-{settings.prefix}"
+    queue = f"{settings.prefix}.counted"
+    with ConfirmedPublisher(settings, role, window=16) as publisher:
+        publisher.declare(_full_queue_decl(queue, 3))
+        # When 10 messages are published: 3 stored, the rest nacked until a reader makes room
+        for i in range(10):
+            publisher.publish(queue, str(i).encode())
+        broker_admin.wait_until(lambda: publisher.nacks >= 7, 10, "the full queue's nacks")
+        with BrokerLink(settings, "test-counted-reader") as reader_link:
+            sub = reader_link.subscribe(QueueDecl(queue), prefetch=1, declare=False)
+            reading = threading.Thread(target=lambda: _drain(sub, until=9))
+            reading.start()
+            publisher.flush(20)
+            reading.join(20)
+        nacks = publisher.nacks
+    # Then the role's counters hold each message once, and every nack the broker sent
+    counts = stats.snapshot()[role]
+    assert (counts.published, counts.confirmed, counts.nacked, counts.reconnects) == (10, 10, nacks, 0)
+    assert sum(counts.confirm_buckets) == 10
+    # A nacked message is confirmed after at least one backoff: its latency counts from publish()
+    assert counts.confirm_seconds > 7 * 0.001
+
+
 def _drain(sub: Subscription, *, until: int) -> list[int]:
     """Bodies read one at a time (a slow reader making room), up to the one equal to ``until``."""
     got = []
@@ -196,6 +223,7 @@ def test_a_connection_closed_by_the_broker_loses_nothing(
     role = f"test-cut-{settings.prefix}"
     caplog.set_level(logging.WARNING)
     ours = f"warren-{role}@"
+    stats.enable()  # the reconnect is counted for /metrics too
     with ConfirmedPublisher(settings, role, window=64) as publisher:
         publisher.declare(QueueDecl(queue))
         # (the management API lists a new connection after a few seconds)
@@ -216,6 +244,7 @@ def test_a_connection_closed_by_the_broker_loses_nothing(
         publisher.flush(30)
         assert publisher.unconfirmed == 0
         assert publisher.reconnects == 1
+    assert stats.snapshot()[role].reconnects == 1
     got = _read_all(settings, queue)
     assert set(got) == set(range(3000))  # none lost (duplicates allowed: at least once)
     first_seen = list(dict.fromkeys(got))

@@ -20,7 +20,9 @@ from messaging import codec
 
 
 def test_every_case_is_registered_with_a_name_and_title() -> None:
-    assert list(runner.CASES) == ["steps", "rpc", "stream", "queue-type", "node-loss", "collector", "scaling", "e2e"]
+    assert list(runner.CASES) == [
+        "steps", "rpc", "stream", "queue-type", "node-loss", "collector", "metrics", "scaling", "e2e"
+    ]  # fmt: skip
     for name, module in runner.CASES.items():
         assert name == module.NAME
         assert module.TITLE
@@ -134,3 +136,22 @@ def test_without_out_results_go_to_a_timestamped_file_and_last_json(
     written = runner._write({"cases": {}}, None)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written)
     assert "last.json" in [p.name for p in written] and len(written) == 2
+
+
+def test_the_metrics_case_leaves_out_pairs_that_ran_beside_other_work() -> None:
+    from benchmarks.case_metrics import _quiet
+    from benchmarks.common import Trials
+
+    quiet, busy = {"foreign": 0.05}, {"foreign": 0.9}
+    trials = Trials(
+        {
+            "on": [{"x": 1.0}, {"x": 2.0}, {"x": 3.0}, {"x": 9.0}],
+            "off": [{"x": 4.0}, {"x": 5.0}, {"x": 6.0}, {"x": 0.0}],
+        },
+        {"on": [quiet, quiet, quiet, quiet], "off": [quiet, quiet, quiet, busy]},
+    )
+    on, off, said = _quiet(trials, "x")
+    assert (on.values, off.values, said) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), "3 of 4 pairs quiet")
+    trials.cpu["on"] = [busy, busy, quiet, quiet]
+    on, _, said = _quiet(trials, "x")
+    assert on.n == 4 and said == "only 1 of 4 pairs quiet: all kept"

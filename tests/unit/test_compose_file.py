@@ -43,6 +43,10 @@ WARREN_SERVICES = ("collector", "coordinator", "learner")
 DOCS = ROOT / "docs" / "compose.md"
 #: Settings the compose file deliberately does not pass through (documented in docs/compose.md).
 NOT_IN_COMPOSE = {"WARREN_AMQP_CA_FILE", "WARREN_WORKER_ID"}
+#: Settings the compose file fixes instead of reading .env: Prometheus' scrape config names the port.
+FIXED_IN_COMPOSE = {"WARREN_METRICS_PORT": "9464", "WARREN_METRICS_ADDR": "0.0.0.0"}
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
+PROMETHEUS_CLUSTER_CONFIG = ROOT / "deploy" / "prometheus-cluster.yml"
 
 EXAMPLE = read_env_file()
 
@@ -115,8 +119,8 @@ def test_docker_compose_accepts_the_file_and_reads_it_as_we_do(env_name: str, tm
         env_file.write_text("")
     rendered = docker_compose_config(env_file)
     ours = load_compose(variables)
-    assert set(rendered["services"]) == set(ours["services"]) == {"rabbitmq", *WARREN_SERVICES}
-    assert set(rendered["volumes"]) == {"rabbitmq-data", "warren-data"}
+    assert set(rendered["services"]) == set(ours["services"]) == {"rabbitmq", "prometheus", *WARREN_SERVICES}
+    assert set(rendered["volumes"]) == {"rabbitmq-data", "warren-data", "prometheus-data"}
     for name, service in rendered["services"].items():
         assert service_environment(service) == service_environment(ours["services"][name]), name
         if name in WARREN_SERVICES:
@@ -304,6 +308,9 @@ def test_every_warren_setting_can_be_set_from_the_env_file() -> None:
     template = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["collector"]["environment"]
     for variable in wanted | transport:
         raw = str(template[variable])
+        if variable in FIXED_IN_COMPOSE:
+            assert raw == FIXED_IN_COMPOSE[variable], variable
+            continue
         assert raw.startswith("/data/") or f"${{{variable}" in raw or variable == "WARREN_AMQP_URL", variable
 
 
@@ -341,14 +348,86 @@ def test_build_args_match_the_dockerfile() -> None:
 def test_images_are_parameters_with_the_official_images_as_defaults() -> None:
     defaults = load_compose({})["services"]
     assert defaults["rabbitmq"]["image"] == "rabbitmq:3.13-management"
+    assert re.fullmatch(r"prom/prometheus:v3\.\d+\.\d+", defaults["prometheus"]["image"])
     assert defaults["collector"]["build"]["args"]["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
-    local = {"RABBITMQ_IMAGE": "localhost/r:1", "PYTHON_IMAGE": "localhost/p:1", "WARREN_IMAGE": "localhost/w:1"}
+    local = {
+        "RABBITMQ_IMAGE": "localhost/r:1",
+        "PROMETHEUS_IMAGE": "localhost/m:1",
+        "PYTHON_IMAGE": "localhost/p:1",
+        "WARREN_IMAGE": "localhost/w:1",
+    }
     services = load_compose(local)["services"]
     assert services["rabbitmq"]["image"] == "localhost/r:1"
+    assert services["prometheus"]["image"] == "localhost/m:1"
     for name in WARREN_SERVICES:
         assert services[name]["build"]["args"]["PYTHON_IMAGE"] == "localhost/p:1", name
         assert services[name]["image"] == "localhost/w:1", name
-    assert {"RABBITMQ_IMAGE", "PYTHON_IMAGE", "WARREN_IMAGE"} <= set(EXAMPLE)
+    assert {"RABBITMQ_IMAGE", "PROMETHEUS_IMAGE", "PYTHON_IMAGE", "WARREN_IMAGE"} <= set(EXAMPLE)
+
+
+# -- Prometheus and TensorBoard ----------------------------------------------------------------
+
+
+def scrape_jobs(path: Path) -> dict[str, dict[str, Any]]:
+    config: dict[str, Any] = yaml.safe_load(path.read_text())
+    return {job["job_name"]: job for job in config["scrape_configs"]}
+
+
+def test_every_warren_role_serves_metrics_and_writes_tensorboard_events_to_the_volume() -> None:
+    services = load_compose(EXAMPLE)["services"]
+    for name in WARREN_SERVICES:
+        env = service_environment(services[name])
+        assert {k: env[k] for k in FIXED_IN_COMPOSE} == FIXED_IN_COMPOSE, name
+        assert "ports" not in services[name], name  # scraped inside the compose network only
+    for name in ("coordinator", "learner"):
+        assert arg_after(service_command(services[name]), "--tensorboard-dir") == "/data/runs/tensorboard", name
+    config = role_config(CollectorConfig, service_environment(services["collector"]))
+    assert (config.metrics_port, config.metrics_addr) == (9464, "0.0.0.0")
+
+
+def test_prometheus_scrapes_the_broker_and_every_warren_role_by_its_service_name() -> None:
+    compose = load_compose(EXAMPLE)
+    services = compose["services"]
+    jobs = scrape_jobs(PROMETHEUS_CONFIG)
+    assert jobs["rabbitmq"]["static_configs"] == [{"targets": ["rabbitmq:15692"]}]
+    port = int(FIXED_IN_COMPOSE["WARREN_METRICS_PORT"])
+    for name in WARREN_SERVICES:
+        # DNS: the service name resolves to each of its containers, so --scale needs no change here.
+        (dns,) = jobs[f"warren-{name}"]["dns_sd_configs"]
+        assert (dns["names"], dns["type"], dns["port"]) == ([name], "A", port), name
+    assert set(jobs) == {"rabbitmq", *(f"warren-{name}" for name in WARREN_SERVICES)}
+    prometheus = services["prometheus"]
+    binds = {
+        str(v).split(":")[1]: ROOT / str(v).split(":")[0] for v in prometheus["volumes"] if str(v).startswith("./")
+    }
+    assert binds == {"/etc/prometheus/prometheus.yml": PROMETHEUS_CONFIG}
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    assert "--storage.tsdb.path=/prometheus" in prometheus["command"]
+    assert named_mounts(prometheus, compose["volumes"]) == {"/prometheus": "prometheus-data"}
+    (published,) = prometheus["ports"]
+    assert published == "127.0.0.1:9090:9090"  # loopback by default, like the broker's
+
+
+def test_the_cluster_prometheus_config_differs_only_in_the_brokers_it_scrapes(tmp_path: Path) -> None:
+    single, cluster = scrape_jobs(PROMETHEUS_CONFIG), scrape_jobs(PROMETHEUS_CLUSTER_CONFIG)
+    (targets,) = cluster["rabbitmq"].pop("static_configs")
+    single["rabbitmq"].pop("static_configs")
+    assert cluster == single
+    assert sorted(targets["targets"]) == [f"rabbitmq-{i}:15692" for i in (1, 2, 3)]
+    services = cluster_config(tmp_path)["services"]
+    configs = [
+        str(v) for v in services["prometheus"]["volumes"] if str(v).endswith("/etc/prometheus/prometheus.yml:ro")
+    ]
+    assert configs == [f"{PROMETHEUS_CLUSTER_CONFIG}:/etc/prometheus/prometheus.yml:ro"]
+
+
+def test_the_local_prometheus_image_starts_like_the_official_one() -> None:
+    containerfile = (ROOT / "deploy" / "local-images" / "prometheus" / "Containerfile").read_text()
+    assert 'ENTRYPOINT ["/usr/bin/prometheus"]' in containerfile  # the service's command is its arguments
+    assert "USER 65534:65534" in containerfile and "WORKDIR /prometheus" in containerfile
+    script = (ROOT / "scripts" / "local-images").read_text()
+    assert 'echo "PROMETHEUS_IMAGE=$PROMETHEUS_TAG"' in script
+    assert "PROMETHEUS_PACKAGES=prometheus" in script
 
 
 def test_docs_describe_every_variable() -> None:
@@ -411,7 +490,7 @@ def cluster_config(tmp_path: Path, **overrides: str) -> dict[str, Any]:
 def test_the_cluster_override_runs_three_nodes_that_reach_each_other_by_their_node_names(tmp_path: Path) -> None:
     rendered = cluster_config(tmp_path)
     services = rendered["services"]
-    assert set(services) == {*CLUSTER_NODES, *WARREN_SERVICES}
+    assert set(services) == {*CLUSTER_NODES, "prometheus", *WARREN_SERVICES}
     listed = read_rabbitmq_conf("rabbitmq-cluster.conf")
     assert listed["cluster_formation.peer_discovery_backend"] == "classic_config"
     peers = {v for k, v in listed.items() if k.startswith("cluster_formation.classic_config.nodes.")}

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.models.mlp import MLP, Flatten, MLPConfig
+from worker.models.mlp import MLP, MLPConfig
+from worker.models.mlp_encoder import Flatten
 from worker.plugins import config_from_dict
 
 

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from worker.cli.flags import add_transport_flags, flag_values, log_level
+from worker.cli.flags import add_telemetry_flags, add_transport_flags, flag_values, log_level
 from worker.config import CollectorConfig, role_config
 from worker.logs import setup_logging
 
@@ -47,6 +47,7 @@ def add_parser(commands: Any) -> None:
     group.add_argument(
         "--fsync", action="store_true", default=None, help="fsync step files before publishing (WARREN_FSYNC)"
     )
+    add_telemetry_flags(parser, tensorboard=False)
     parser.set_defaults(run=run)
 
 

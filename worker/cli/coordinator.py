@@ -11,7 +11,15 @@ from typing import Any
 
 from messaging import WarrenError
 from worker import json_text
-from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level, non_negative_int
+from worker.cli.flags import (
+    add_job_flags,
+    add_telemetry_flags,
+    add_transport_flags,
+    flag_values,
+    job_config,
+    log_level,
+    non_negative_int,
+)
 from worker.config import CoordinatorConfig, role_config
 from worker.logs import setup_logging
 
@@ -45,6 +53,7 @@ def add_parser(commands: Any) -> None:
         choices=["auto", "line", "log", "off"],
         help="live status line (auto: on a terminal), periodic log lines, or nothing (WARREN_PROGRESS; auto)",
     )
+    add_telemetry_flags(parser, tensorboard=True)
     parser.set_defaults(run=run)
 
 
@@ -75,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
+        coordinator.telemetry.close()
     print(json_text.dumps(summary))
     if summary["error"]:
         print(f"warren coordinator: {summary['error']}", file=sys.stderr)

@@ -97,6 +97,7 @@ def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str
 
 
 positive_int = _checked(int, lambda v: v >= 1, "at least 1")
+port = _checked(int, lambda v: 0 <= v <= 65535, "a port, 0 to 65535")
 non_negative_int = _checked(int, lambda v: v >= 0, "0 or more")
 positive_float = _checked(float, lambda v: v > 0, "more than 0")
 #: No return compares >= nan, so a nan stop value could never end a run; inf says so on purpose.
@@ -139,6 +140,26 @@ def read_environment(args: argparse.Namespace, env: Mapping[str, str] | None = N
             setattr(args, flag, convert(raw))
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise ConfigurationError(f"{env_variable(flag)}={raw!r}: {exc}") from None
+
+
+def add_telemetry_flags(parser: argparse.ArgumentParser, *, tensorboard: bool) -> None:
+    """``--metrics-port`` and ``--metrics-addr`` (every role), ``--tensorboard-dir`` (``tensorboard``)."""
+    group = parser.add_argument_group("metrics and TensorBoard (flags override WARREN_* environment variables)")
+    group.add_argument(
+        "--metrics-port",
+        type=port,
+        help="serve Prometheus metrics at http://ADDR:PORT/metrics (WARREN_METRICS_PORT; default 0: none)",
+    )
+    group.add_argument(
+        "--metrics-addr",
+        help="address /metrics listens on (WARREN_METRICS_ADDR; default 127.0.0.1; 0.0.0.0: every interface)",
+    )
+    if tensorboard:
+        group.add_argument(
+            "--tensorboard-dir",
+            type=Path,
+            help="write TensorBoard event files under DIR/<role> (WARREN_TENSORBOARD_DIR; default: none)",
+        )
 
 
 def flag_values(args: argparse.Namespace, config_type: type) -> dict[str, Any]:

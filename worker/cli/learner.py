@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
-from worker.cli.flags import add_job_flags, add_transport_flags, flag_values, job_config, log_level
+from worker.cli.flags import (
+    add_job_flags,
+    add_telemetry_flags,
+    add_transport_flags,
+    flag_values,
+    job_config,
+    log_level,
+)
 from worker.config import LearnerConfig, role_config
 from worker.logs import setup_logging
 
@@ -30,6 +37,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--path-data", type=Path, help="step data directory (WARREN_PATH_DATA; ./data)")
     parser.add_argument("--path-policy", type=Path, help="policy directory (WARREN_PATH_POLICY; ./policy)")
     parser.add_argument("--torch-threads", type=int, help="torch intra-op threads (WARREN_TORCH_THREADS; default 1)")
+    add_telemetry_flags(parser, tensorboard=True)
     parser.set_defaults(run=run)
 
 
@@ -48,9 +56,14 @@ def run(args: argparse.Namespace) -> int:
     config = configure(args)
     setup_logging("learner", log_level(args))
     stop: threading.Event = args.stop
+    learner = None
     try:
-        Learner(config, stop).run()
+        learner = Learner(config, stop)
+        learner.run()
     except WarrenError as exc:
         logger.critical("learner stops: %s", exc.message)
         return 1
+    finally:
+        if learner is not None:
+            learner.telemetry.close()  # also when the run failed: the last TensorBoard point, the port freed
     return 0

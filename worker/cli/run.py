@@ -28,13 +28,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from messaging import BrokerLink, Settings, WarrenError
+from messaging import BrokerLink, ConfigurationError, Settings, WarrenError
 from messaging.settings import to_env
 from worker import json_text
 from worker.cli.cleanup import remove_run_topology, remove_step_files, sweep_interrupted_runs
 from worker.cli.flags import (
     ENV_FLAGS,
     add_job_flags,
+    add_telemetry_flags,
     add_transport_flags,
     env_variable,
     flag_values,
@@ -64,6 +65,8 @@ RUN_SETS = {
     "WARREN_WORKER_ID": "its collectors are c0, c1...",
     "WARREN_COLLECT_TASKS": "one collect task per collector (per listening collector with --name)",
 }
+#: The run directory's sub-directory of TensorBoard event files (one per role inside).
+TENSORBOARD_DIR = "tensorboard"
 
 
 def add_parser(commands: Any) -> None:
@@ -104,6 +107,7 @@ def add_parser(commands: Any) -> None:
         choices=["auto", "line", "log", "off"],
         help="live status line (auto: on a terminal), periodic log lines, or nothing (WARREN_PROGRESS; auto)",
     )
+    add_telemetry_flags(parser, tensorboard=False)  # TensorBoard events always go to the run's directory
     parser.set_defaults(run=run)
 
 
@@ -216,7 +220,11 @@ def plan_run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> 
     transport = config.transport.replace(prefix=identity.prefix)
     workdir = identity.workdir
     config = dataclasses.replace(
-        config, transport=transport, run_log=workdir / "run.jsonl", path_policy=workdir / "policy"
+        config,
+        transport=transport,
+        run_log=workdir / "run.jsonl",
+        path_policy=workdir / "policy",
+        tensorboard_dir=workdir / TENSORBOARD_DIR,
     )
     ignored = {name: why for name, why in RUN_SETS.items() if env.get(name)}
     children_env = child_env(transport, identity.workdir, env)
@@ -229,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_run(args)
     config, identity, job = plan.config, plan.identity, plan.job
     run_id, workdir, transport = identity.run_id, identity.workdir, config.transport
+    ports = metrics_ports(config.metrics_port, plan.collectors)
     setup_logging("run", log_level(args))
     for name, why in plan.ignored.items():
         logger.warning("%s is ignored: warren run sets it itself (%s)", name, why)
@@ -270,10 +279,17 @@ def run(args: argparse.Namespace) -> int:
     )
     if identity.named:
         _log_how_to_join(transport, workdir)
+    _log_where_to_look(config, ports)
     level = ["--log-level", log_level(args)]  # --verbose reaches the children's log files too
-    children.start("learner", ["learner", "--config", str(job_file), *level])
+
+    def metrics(name: str) -> list[str]:
+        return ["--metrics-port", str(ports[name])] if ports else []
+
+    learner = ["learner", "--config", str(job_file), "--tensorboard-dir", str(config.tensorboard_dir)]
+    children.start("learner", [*learner, *metrics("learner"), *level])
     for i in range(plan.collectors):
-        children.start(f"collector-{i}", ["collector", "--worker-id", collector_id(i), *level])
+        name = f"collector-{i}"
+        children.start(name, ["collector", "--worker-id", collector_id(i), *metrics(name), *level])
     coordinator = Coordinator(config, stop, continue_ended=plan.resume)
     children.watch(_ChildDeaths(coordinator, plan.collectors).on_exit)
     try:
@@ -283,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
+        coordinator.telemetry.close()
         codes = children.stop()
         removed = 0
         if remove_run_topology(transport, job.coordinator.buffer_id, keep_shared=identity.named):
@@ -360,6 +377,38 @@ def preflight(config: Any) -> str | None:
     except WarrenError as exc:
         return f"no usable broker: {exc.message}"
     return None
+
+
+def metrics_ports(first: int, collectors: int) -> dict[str, int]:
+    """The ``/metrics`` port of each process of the run, from ``first`` on: none when ``first`` is 0.
+
+    The coordinator (this process) takes ``first``, the learner the next, then collector 0, 1...
+
+    Raises:
+        ConfigurationError: the last of them would be above 65535.
+    """
+    if not first:
+        return {}
+    names = ["coordinator", "learner", *(f"collector-{i}" for i in range(collectors))]
+    if first + len(names) - 1 > 65535:
+        raise ConfigurationError(
+            f"--metrics-port {first}: the run's {len(names)} processes need ports {first} to "
+            f"{first + len(names) - 1}, above 65535"
+        )
+    return {name: first + i for i, name in enumerate(names)}
+
+
+def _log_where_to_look(config: Any, ports: dict[str, int]) -> None:
+    logger.info("TensorBoard: tensorboard --logdir %s", config.tensorboard_dir)
+    if ports:
+        ordered = list(ports.values())
+        logger.info(
+            "Prometheus metrics at http://%s:<port>/metrics: coordinator %d, learner %d, collectors %s",
+            config.metrics_addr,
+            ordered[0],
+            ordered[1],
+            f"{ordered[2]}-{ordered[-1]}" if len(ordered) > 3 else str(ordered[2]),
+        )
 
 
 def _log_how_to_join(transport: Settings, workdir: Path) -> None:

@@ -43,6 +43,7 @@ from worker.protocol import (
 )
 from worker.rl.envs import VecEnvBatch
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
+from worker.telemetry.collector import CollectorMetrics, collector_metrics, install
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,12 @@ class CollectorWorker:
     """One worker process's service; see the module docstring.
 
     Lifecycle: :meth:`start`, then :meth:`tick` now and then from the main thread, then
-    :meth:`stop`.
+    :meth:`stop`. ``metrics`` counts its tasks (no-op by default).
     """
 
-    def __init__(self, config: CollectorConfig) -> None:
+    def __init__(self, config: CollectorConfig, *, metrics: CollectorMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or CollectorMetrics()
         self.names = Names.of(config.transport)
         self.role = f"collector-{config.worker_id}"
         self.steps = StepStore(config.path_data, fsync=config.fsync)
@@ -214,6 +216,7 @@ class CollectorWorker:
             run.start()
             self._run = run
             self.tasks_started += 1
+            self.metrics.task_started(start.cfg.eval_flag)
         logger.info(
             "started task %s (buffer %s, correlation_id %s%s)",
             start.task_id,
@@ -383,21 +386,37 @@ class CollectorWorker:
             if self._run is run:
                 self._run = None
                 self.server.resume(self.names.collector_tasks)
+                self.metrics.task_ended(finish_info)  # once per task: only the release that freed it
         return finish_info
 
 
 def run_collector(config: CollectorConfig, stop: threading.Event) -> int:
     """Serve until ``stop`` is set; returns the process exit code."""
-    worker = CollectorWorker(config)
+    try:
+        # Before the worker connects: its links count for /metrics from their first message.
+        metrics = collector_metrics(config)
+    except WarrenError as exc:
+        logger.critical("worker %s cannot start: %s", config.worker_id, exc.message)
+        return 1
+    install(metrics)  # the tasks' sinks count into it
+    try:
+        return _serve(CollectorWorker(config, metrics=metrics), stop)
+    finally:
+        metrics.close()
+        install(CollectorMetrics())
+
+
+def _serve(worker: CollectorWorker, stop: threading.Event) -> int:
+    worker_id = worker.config.worker_id
     try:
         worker.start()
     except WarrenError as exc:
         # The RPC server has said why already, when it was the broker; say what it means.
-        logger.critical("worker %s cannot start: %s", config.worker_id, exc.message)
+        logger.critical("worker %s cannot start: %s", worker_id, exc.message)
         return 1
     while not stop.wait(1.0):
         if not worker.server.running:
-            logger.critical("worker %s stops: it lost its task queues for good", config.worker_id)
+            logger.critical("worker %s stops: it lost its task queues for good", worker_id)
             worker.stop()
             return 1
         worker.tick()

@@ -11,6 +11,7 @@ import numpy as np
 from messaging import MetadataPublisher
 from worker.protocol import DataItem, InfoItem
 from worker.storage import StepStore
+from worker.telemetry.collector import TaskMeter, installed
 
 #: Longest wait for the broker to confirm a task's data before its done info, and then the
 #: done info itself. A reader that stopped reading fails the publisher sooner (StreamStalled
@@ -30,6 +31,9 @@ class BrokerSink:
     ends the task (``collector_done``): it goes out once every message before it is
     confirmed, since a message refused by a full queue can be overtaken, and the task
     ends once it is confirmed itself. ``done_wait_s`` bounds each of those two waits.
+
+    ``meter`` counts what the sink writes and publishes for ``/metrics``; by default the
+    process's (:func:`worker.telemetry.collector.installed`: no-op without metrics).
     """
 
     def __init__(
@@ -40,6 +44,7 @@ class BrokerSink:
         task_id: str,
         buffer_id: str,
         done_wait_s: float = DONE_WAIT_S,
+        meter: TaskMeter | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -48,20 +53,25 @@ class BrokerSink:
         self.done_wait_s = done_wait_s
         self.written: list[str] = []
         """The data ids of the step files written so far."""
+        self.meter = meter if meter is not None else installed().task_meter()
 
     def add_chunk(self, samples: Mapping[str, np.ndarray], meta: dict[str, Any]) -> None:
         # Random, not derived from the task: a task run twice (a redelivered start) must not
         # reuse names, or the learner would take the second run's chunks for duplicates.
         data_id = f"chunk_{uuid.uuid4().hex}"
         item = DataItem(data_id=data_id, task_id=self.task_id, buffer_id=self.buffer_id, **meta)
-        self.store.write(data_id, samples)
+        path = self.store.write(data_id, samples)
         self.written.append(data_id)
+        self.meter.chunk_written(path, meta)
         self.publisher.publish(item.to_wire(), headers={"kind": "data"})
+        self.meter.chunk_published()
 
     def add_info(self, info: dict[str, Any]) -> None:
         item = InfoItem(task_id=self.task_id, buffer_id=self.buffer_id, **info)
         if item.collector_done:
             self.publisher.flush(self.done_wait_s)
+            self.meter.confirmed()
         self.publisher.publish(item.to_wire(), headers={"kind": "info"})
+        self.meter.info(info)
         if item.collector_done:
             self.publisher.flush(self.done_wait_s)

@@ -28,6 +28,7 @@ from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.protocol import FinishInfo, Refusal
 from worker.storage.counters import counters_path, read_counters
+from worker.telemetry.coordinator import RunTelemetry
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class Coordinator:
         self.stats = RunStats()
         self.progress = Progress(config.progress)
         self.run_log = RunLog(config.run_log)
+        self.telemetry = RunTelemetry.from_config(config, self.stats)
+        """Prometheus metrics and TensorBoard scalars of the run (each off unless configured)."""
         coord = self.job.coordinator
         self.driver = TaskDriver(
             self.bus,
@@ -119,6 +122,7 @@ class Coordinator:
     def run(self) -> dict[str, Any]:
         """Run until the stop value, a budget, or ``stop``; returns the summary."""
         coord = self.job.coordinator
+        self.telemetry.serve(self.config.metrics_addr, self.config.metrics_port)
         self.bus.open(self.names.collector_tasks_decl(), self.names.learner_data_decl(coord.buffer_id))
         self._idle_workers = self.bus.consumers(self.names.collector_tasks)
         checkpoint = last_checkpoint(self.config.run_log, after_end=self.continue_ended)
@@ -151,6 +155,7 @@ class Coordinator:
                 self.driver.check_liveness()
                 self._next_check = time.monotonic() + LIVENESS_CHECK_S
                 self._checkpoint()
+                self.telemetry.tick(self.driver.tasks.values(), self.driver.workers_alive())
             elif self._checkpoint_due:
                 self._checkpoint(soon=True)
         except BrokerConnectionError as exc:
@@ -296,6 +301,7 @@ class Coordinator:
         cfg = self.job.collect_spec(self.stats.env_steps) if kind is Kind.COLLECT else self.job.eval_spec()
         task = self.driver.launch(kind, cfg, target=worker.control_queue if worker is not None else None)
         task.target_worker = worker.worker_id if worker is not None else None
+        self.telemetry.task_launched(task)
         return True
 
     def _collect_slots(self, collecting: int) -> int:
@@ -333,6 +339,7 @@ class Coordinator:
     # -- outcomes -------------------------------------------------------------------
 
     def _dropped(self, task: Task, rerun: bool) -> None:
+        self.telemetry.task_dropped(task, rerun)
         if rerun and task.kind is Kind.EVAL:
             self._next_eval = time.monotonic()  # the next fill starts a new one
 
@@ -356,6 +363,7 @@ class Coordinator:
         logger.warning("start of %s refused (%s); next start in %.1f s", task.task_id, refusal or message, delay)
 
     def _record(self, task: Task, finish: FinishInfo | None) -> None:
+        self.telemetry.task_completed(task, finish)
         record: dict[str, Any] = {
             "task_id": task.task_id,
             "worker_id": task.worker_id,
@@ -455,6 +463,8 @@ class Coordinator:
         self.progress.finish(summary)
         self.run_log.write("summary", summary)
         self.run_log.close()
+        self.telemetry.tick((), 0, final=True)
+        self.telemetry.close()
         self.bus.close()
 
 

@@ -35,6 +35,7 @@ from worker.protocol import DataItem, read_metadata
 from worker.rl.chunks import ChunkLayout, read_chunk
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 from worker.storage.counters import LearnerCounters, counters_path, read_counters, write_counters
+from worker.telemetry.learner import LearnerTelemetry
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class Learner:
         self._last_checkpoint = -math.inf
         self._written_version = 0
         self._counters = counters_path(config.path_policy, self.job.coordinator.policy_name)
+        self.telemetry = LearnerTelemetry.from_config(config)  # metrics and TensorBoard, off by default
 
     def run(self) -> None:
         """Serve until ``stop`` is set.
@@ -111,6 +113,7 @@ class Learner:
             LearningDiverged: an update went NaN (the policy file keeps the last good weights).
         """
         queue_decl = self.names.learner_data_decl(self.job.coordinator.buffer_id)
+        self.telemetry.serve(self.config.metrics_addr, self.config.metrics_port)
         with BrokerLink(self.config.transport, "learner") as link:
             link.declare(queue_decl)
             swept = self.steps.sweep_temp(STALE_TEMP_S) + self.policies.sweep_temp(STALE_TEMP_S)
@@ -130,6 +133,8 @@ class Learner:
             try:
                 while not self.stop.is_set():
                     try:
+                        if self.telemetry.backlog_due():  # samples waiting in the queue
+                            self.telemetry.backlog(link.queue_depth(queue_decl.name) or 0)
                         if self.learner.can_update():
                             link.process_events(0.0)  # heartbeats; the data waits until training caught up
                         else:
@@ -147,6 +152,7 @@ class Learner:
             finally:
                 with contextlib.suppress(BrokerConnectionError):
                     consumer.close()
+        self.telemetry.close()
         logger.info("learner stopped after %d updates", self.stats.train_steps)
 
     @property
@@ -215,12 +221,14 @@ class Learner:
         if data_id in self._recent:
             # A redelivery of something already learned from (at-least-once hand-over).
             self.stats.duplicates += 1
+            self.telemetry.skipped("duplicate")  # [telemetry]
             item.ack()
             return
         lag = self.learner.version - metadata.policy_iter
         max_lag = self.algorithm.max_policy_lag
         if max_lag is not None and lag > max_lag:
             self.stats.stale_chunks += 1
+            self.telemetry.skipped("stale")
             logger.debug("dropping %s: its policy is %d versions old (at most %d)", data_id, lag, max_lag)
             item.ack()
             self._delete(data_id)
@@ -239,6 +247,7 @@ class Learner:
                 self.stats.missing_files += 1
             else:
                 self.stats.corrupt_files += 1
+            self.telemetry.skipped("missing" if isinstance(exc, MissingFile) else "corrupt")  # [telemetry]
             logger.warning("skipping %s: %s", data_id, exc.message)
             item.ack()
             if isinstance(exc, CorruptFile):
@@ -247,6 +256,7 @@ class Learner:
         self._remember(data_id)
         self.stats.items += 1
         self.stats.samples += added
+        self.telemetry.ingested(added, policy_lag=lag)
         item.ack()
         self._delete(data_id)
 
@@ -265,7 +275,9 @@ class Learner:
         # Train in short bursts so new data keeps flowing in between.
         burst = 0
         while burst < _BURST and not self.stop.is_set() and self.learner.can_update():
+            started = time.perf_counter()
             metrics = self.learner.update()
+            self.telemetry.train_step(time.perf_counter() - started)
             bad = sorted(name for name, value in metrics.items() if not math.isfinite(value))
             if bad:
                 raise LearningDiverged(
@@ -273,6 +285,7 @@ class Learner:
                     f"the run stops; {self._policy_name} keeps the weights of version {self._written_version}"
                 )
             self.stats.last_metrics = metrics
+            self.telemetry.record(metrics, step=self.learner.version)  # the algorithm's statistics
             self.stats.train_steps += 1
             burst += 1
         now = time.monotonic()
@@ -288,6 +301,7 @@ class Learner:
         version = self.learner.version
         self.policies.write(self._policy_name, self.learner.actor_weights(), version, self.header)
         self._written_version = version
+        self.telemetry.policy_written(version)
         self.stats.policies_written += 1
         self._last_write = time.monotonic()
         counted = LearnerCounters.now(

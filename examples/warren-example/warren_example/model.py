@@ -1,15 +1,20 @@
-"""The ``tiny`` model: the cue one-hot and the noise, concatenated, through one tanh layer."""
+"""The ``tiny`` model: the cue one-hot and the noise, concatenated, through one tanh layer.
+
+This module stays light (torch is imported where the encoder is made, :mod:`.tiny`):
+warren's coordinator loads every installed plug-in to check a job, and needs no torch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-import torch
-from torch import nn
 
 from worker.plugins import ModelPlugin, UnsupportedSpace
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -22,22 +27,6 @@ class TinyConfig:
             raise ValueError(f"model.width must be in 1..1024, got {self.width}")
 
 
-class TinyEncoder(nn.Module):
-    def __init__(self, space: gym.spaces.Dict, width: int) -> None:
-        super().__init__()
-        cue, noise_space = space["cue"], space["noise"]
-        assert isinstance(cue, gym.spaces.Discrete) and isinstance(noise_space, gym.spaces.Box)
-        self.n_cues = int(cue.n)
-        noise = int(noise_space.shape[0])
-        self.layer = nn.Linear(self.n_cues + noise, width)
-        self.out_dim = width
-
-    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        cue = nn.functional.one_hot(obs["cue"].long(), self.n_cues).float()
-        out: torch.Tensor = torch.tanh(self.layer(torch.cat([cue, obs["noise"].float()], dim=1)))
-        return out
-
-
 class TinyModel(ModelPlugin):
     Config = TinyConfig
 
@@ -47,5 +36,7 @@ class TinyModel(ModelPlugin):
             raise UnsupportedSpace("the tiny model takes the cue env's Dict(cue, noise) observations only")
 
     def make_encoder(self, observation_space: gym.Space[Any], config: Any) -> nn.Module:
+        from warren_example.tiny import TinyEncoder
+
         assert isinstance(observation_space, gym.spaces.Dict)
         return TinyEncoder(observation_space, config.width)

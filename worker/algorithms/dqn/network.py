@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from worker.models.mlp import MLPEncoder
+from worker.models.mlp_encoder import MLPEncoder
 from worker.plugins.contract import Model
 from worker.plugins.spaces import Spaces
 
