@@ -27,6 +27,7 @@ from benchmarks import (
     case_node_loss,
     case_queue_type,
     case_rpc,
+    case_sb3,
     case_scaling,
     case_steps,
     case_stream,
@@ -51,6 +52,7 @@ CASES: dict[str, ModuleType] = {
         case_metrics,
         case_scaling,
         case_e2e,
+        case_sb3,
     )
 }
 
