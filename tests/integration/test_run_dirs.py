@@ -84,7 +84,7 @@ def test_a_reused_run_name_is_refused_and_resume_continues_counters_policy_and_l
     assert after["policy_iter"] >= before["policy_iter"]
     # and the logs of both runs are there, the first run's first
     log = (workdir / "logs" / "learner.log").read_text()
-    assert log.startswith(learner_log) and "resumed from policy iter" in log[len(learner_log) :]
+    assert log.startswith(learner_log) and "resumed from the checkpoint at policy version" in log[len(learner_log) :]
     assert state_of(workdir) is RunState.ENDED
 
 

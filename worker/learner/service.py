@@ -69,6 +69,8 @@ class LearnerStats:
     train_steps: int = 0
     policies_written: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
+    update_s: float = 0.0
+    """Seconds spent in updates: over wall time, the learner's utilisation (the rest it waited for data)."""
 
 
 class Learner:
@@ -103,6 +105,8 @@ class Learner:
         # interval is over must not come back untrained (and hand collectors that policy).
         self._last_checkpoint = -math.inf
         self._written_version = 0
+        self._reported = (time.monotonic(), 0.0)
+        self._reported_from = self._reported[0]
         self._counters = counters_path(config.path_policy, self.job.coordinator.policy_name)
         self.telemetry = LearnerTelemetry.from_config(config)  # metrics and TensorBoard, off by default
 
@@ -153,7 +157,14 @@ class Learner:
                 with contextlib.suppress(BrokerConnectionError):
                     consumer.close()
         self.telemetry.close()
-        logger.info("learner stopped after %d updates", self.stats.train_steps)
+        lifetime = max(time.monotonic() - self._reported_from, 1e-9)
+        logger.info(
+            "learner stopped after %d updates, %.1f s of them in %.1f s (%.0f%% busy)",
+            self.stats.train_steps,
+            self.stats.update_s,
+            lifetime,
+            100 * self.stats.update_s / lifetime,
+        )
 
     @property
     def _policy_name(self) -> str:
@@ -277,7 +288,9 @@ class Learner:
         while burst < _BURST and not self.stop.is_set() and self.learner.can_update():
             started = time.perf_counter()
             metrics = self.learner.update()
-            self.telemetry.train_step(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.stats.update_s += took
+            self.telemetry.train_step(took)
             bad = sorted(name for name, value in metrics.items() if not math.isfinite(value))
             if bad:
                 raise LearningDiverged(
@@ -317,12 +330,17 @@ class Learner:
         s = self.stats
         ratio = self.algorithm.replay_ratio
         metrics = " ".join(f"{k} {v:.4g}" for k, v in sorted(s.last_metrics.items()))
+        now = time.monotonic()
+        busy = (s.update_s - self._reported[1]) / max(now - self._reported[0], 1e-9)
+        self._reported = (now, s.update_s)
         logger.info(
-            "version %d | samples %d from %d files | updates %d%s | %s | skipped %d missing, %d corrupt, %d stale",
+            "version %d | samples %d from %d files | updates %d (%.0f%% of the time)%s | %s"
+            " | skipped %d missing, %d corrupt, %d stale",
             self.learner.version,
             s.samples,
             s.items,
             s.train_steps,
+            100 * busy,
             f" | replay ratio {s.train_steps / s.samples if s.samples else 0.0:.3f} (configured {ratio:.3f})"
             if ratio is not None
             else "",
