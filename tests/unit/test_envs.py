@@ -11,7 +11,7 @@ import pytest
 from worker.envs.gymnasium import GymnasiumEnvs
 from worker.errors import TaskError
 from worker.plugins import EnvContext, EnvPlugin
-from worker.rl.envs import VecEnvBatch
+from worker.rl.envs import VecEnvBatch, worker_seed
 
 SHORT = "WarrenShortCartPole-v0"
 if SHORT not in gym.registry:
@@ -114,6 +114,22 @@ def test_spawned_exploration_seeds_differ_per_task_but_follow_the_batch_seed() -
         b.close()
 
     assert seeds_a == seeds_b and len(set(seeds_a)) == 3
+
+
+def test_collectors_of_one_seeded_job_step_episodes_of_their_own_and_each_the_same_every_run() -> None:
+    def first_obs(worker_id: str) -> Any:
+        envs = batch("CartPole-v1", 4, seed=worker_seed(7, worker_id))
+        try:
+            return envs.reset().copy(), envs.spawn_seed()
+        finally:
+            envs.close()
+
+    (c0, explore0), (c1, explore1), (again, explore_again) = first_obs("c0"), first_obs("c1"), first_obs("c0")
+    assert not np.array_equal(c0, c1) and explore0 != explore1
+    np.testing.assert_array_equal(c0, again)
+    assert explore0 == explore_again
+    assert worker_seed(7, "c0") != worker_seed(8, "c0")
+    assert all(0 <= worker_seed(s, w) < 2**31 for s in (0, 2**31 - 1) for w in ("c0", "x" * 200))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from worker.job import JobConfig
 from worker.plugins import PluginKind, config_to_dict, installed
 from worker.protocol import CollectorSpec
 
-SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.toml"
+SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "defaults.toml"
 
 
 def test_the_shipped_config_file_spells_out_the_defaults() -> None:

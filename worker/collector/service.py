@@ -41,7 +41,7 @@ from worker.protocol import (
     close_target,
     task_name,
 )
-from worker.rl.envs import VecEnvBatch
+from worker.rl.envs import VecEnvBatch, worker_seed
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 from worker.telemetry.collector import CollectorMetrics, collector_metrics, install
 
@@ -310,9 +310,10 @@ class CollectorWorker:
 
     def _envs_for(self, spec: CollectorSpec, plugin: EnvPlugin) -> VecEnvBatch:
         env = spec.env
-        ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=env.seed)
-        if spec.eval_flag:
-            return VecEnvBatch(plugin, ctx)
+        if spec.eval_flag:  # every eval starts from the same episodes, so evals compare
+            return VecEnvBatch(plugin, make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=env.seed))
+        seed = None if env.seed is None else worker_seed(env.seed, self.config.worker_id)
+        ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=seed)
         envs = self._envs
         if envs is not None and (envs.ctx != ctx or envs.plugin is not plugin):
             envs.close()

@@ -53,7 +53,9 @@ class EnvSpec:
     seed: int | None = None
     """Env ``i`` is reset with ``seed + i`` on its first episode; ``None`` for fresh entropy.
 
-    The exploration RNG is seeded from it too (see ``VecEnvBatch.spawn_seed``)."""
+    The exploration RNG is seeded from it too (see ``VecEnvBatch.spawn_seed``). A collect
+    task's collector mixes its worker id into it first (``worker.rl.envs.worker_seed``), so
+    that two collectors never ship the same episodes."""
     plugin: str | None = None
     """The env plug-in that makes it; ``None``: gymnasium's registry."""
     plugin_version: str | None = None

@@ -9,6 +9,7 @@ step is a reset step whose action is ignored and which is not a transition.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,3 +180,16 @@ def _copy_as(values: Any, space: gym.Space[Any]) -> npt.NDArray[Any]:
     if isinstance(space, gym.spaces.Box):
         return np.array(values, dtype=space.dtype)
     return np.array(values, dtype=np.int8 if isinstance(space, gym.spaces.MultiBinary) else np.int64)
+
+
+def worker_seed(seed: int, worker_id: str) -> int:
+    """The seed of one collector's envs and exploration: the job's seed mixed with the worker's id.
+
+    Every collector gets the same seed in its tasks. Used as it is, two collectors would
+    reset the same episodes and draw the same exploration noise, so with the same weights
+    they would ship the same data twice: half of what the learner gets would teach it
+    nothing. Mixing in the worker id keeps a seeded run reproducible (same ids, same
+    data) while every collector steps episodes of its own.
+    """
+    mixed = np.random.SeedSequence([seed, zlib.crc32(worker_id.encode())])
+    return int(mixed.generate_state(1)[0] >> 1)  # 31 bits, within every env's seed range
