@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from tests.rl_builders import chunk_fields, flat_spaces
-from worker.plugins import Column, Spaces
+from worker.plugins import Chunk, Column, Spaces
 from worker.rl.chunks import ChunkLayout, read_chunk
-from worker.rl.replay import ReplayBuffer, regroup, transitions
+from worker.rl.replay import ReplayBuffer, ReplayFeed, regroup, transitions
 
 LAYOUT = {
     "obs": ((3,), np.float32),
@@ -129,3 +129,20 @@ def test_dict_observations_and_extras_become_columns_of_their_own_in_their_dtype
     assert buf.nbytes == 16 * (4 + 4 + 8 + 8 + 8 + 4 + 1 + 4)
     batch = buf.sample(5, np.random.default_rng(0))
     assert set(regroup(batch, "obs")) == {"image", "pos"} and regroup(batch, "action") is batch["action"]
+
+
+def test_the_feed_owes_train_steps_at_the_replay_ratio_and_none_before_learning_starts() -> None:
+    spaces = flat_spaces()
+    layout = ChunkLayout.of(spaces)
+    feed = ReplayFeed(capacity=100, learning_starts=10, train_steps_per_sample=0.25, seed=0)
+
+    def chunk(seed: int) -> Chunk:  # 4 steps x 2 envs, all valid: 8 transitions
+        return read_chunk(chunk_fields(layout, spaces, 4, 2, seed=seed), layout, spaces, 0)
+
+    assert feed.add(chunk(0)) == 8 and feed.credit == 2.0
+    assert not feed.can_update() and feed.wants_data()  # 8 < learning_starts, credit or not
+    feed.add(chunk(1))  # 16 transitions, 4 train steps owed
+    assert feed.can_update() and not feed.wants_data()
+    drawn = [feed.sample(3) for _ in range(4)]
+    assert all(len(batch["reward"]) == 3 for batch in drawn)
+    assert feed.credit == 0.0 and not feed.can_update() and feed.wants_data()

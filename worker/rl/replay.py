@@ -125,3 +125,47 @@ def regroup(batch: Mapping[str, npt.NDArray[Any]], prefix: str) -> Any:
         return batch[prefix]
     dotted = prefix + "."
     return {name[len(dotted) :]: value for name, value in batch.items() if name.startswith(dotted)}
+
+
+class ReplayFeed:
+    """Transitions in, batches out at a fixed replay ratio: the account off-policy learners keep.
+
+    Each transition taken in earns ``train_steps_per_sample`` train steps; a batch drawn
+    spends one. The learner service asks :meth:`wants_data` and :meth:`can_update` to
+    decide between reading and training, so the ratio holds however fast data arrives.
+    The buffer is made from the first chunk's columns (the learner knows no shapes
+    before), and no batch is drawn before it holds ``learning_starts`` transitions.
+    """
+
+    def __init__(self, capacity: int, learning_starts: int, train_steps_per_sample: float, seed: int) -> None:
+        self.capacity = capacity
+        self.learning_starts = learning_starts
+        self.train_steps_per_sample = train_steps_per_sample
+        self.buffer: ReplayBuffer | None = None
+        self.rng = np.random.default_rng(seed)
+        self.credit = 0.0
+        """Train steps owed to the transitions taken in."""
+
+    def add(self, chunk: Chunk) -> int:
+        """Take a chunk's valid transitions in; returns how many."""
+        columns = transitions(chunk)
+        if self.buffer is None:
+            self.buffer = ReplayBuffer.for_columns(self.capacity, columns)
+        added = self.buffer.add(columns)
+        self.credit += added * self.train_steps_per_sample
+        return added
+
+    def _warm(self) -> bool:
+        return self.buffer is not None and len(self.buffer) >= self.learning_starts
+
+    def wants_data(self) -> bool:
+        return not self._warm() or self.credit < 1.0
+
+    def can_update(self) -> bool:
+        return self._warm() and self.credit >= 1.0
+
+    def sample(self, batch_size: int) -> Columns:
+        """A uniform batch for one train step, paid for from the credit."""
+        assert self.buffer is not None
+        self.credit -= 1.0
+        return self.buffer.sample(batch_size, self.rng)

@@ -15,7 +15,6 @@ import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
@@ -23,7 +22,7 @@ import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 from worker.algorithms.dqn.config import DQNConfig
 from worker.algorithms.dqn.network import QNetwork, check_fits
 from worker.plugins.contract import Chunk, Learner
-from worker.rl.replay import ReplayBuffer, regroup, transitions
+from worker.rl.replay import ReplayBuffer, ReplayFeed, regroup
 
 if TYPE_CHECKING:
     from worker.algorithms.dqn import DQN
@@ -56,37 +55,30 @@ class DQNLearner(Learner):
             raise ValueError("algorithm.backend = 'numpy' needs the mlp model with ReLU on flat float observations")
         fast = numpy_ok and self.config.backend != "torch"
         self.step: TrainStep = NumpyDQNStep(self.config, net) if fast else TorchDQNStep(self.config, net)
-        self.replay: ReplayBuffer | None = None
-        self.rng = np.random.default_rng(seed)
-        self.credit = 0.0
-        """Train steps owed to the samples taken in (the replay ratio's account)."""
+        self.feed = ReplayFeed(
+            self.config.replay_capacity, self.config.learning_starts, self.config.train_steps_per_sample, seed
+        )
 
     @property
     def version(self) -> int:  # type: ignore[override]
         return self.step.iter
 
-    def add(self, chunk: Chunk) -> int:
-        columns = transitions(chunk)
-        if self.replay is None:
-            self.replay = ReplayBuffer.for_columns(self.config.replay_capacity, columns)
-        added = self.replay.add(columns)
-        self.credit += added * self.config.train_steps_per_sample
-        return added
+    @property
+    def replay(self) -> ReplayBuffer | None:
+        return self.feed.buffer
 
-    def _warm(self) -> bool:
-        return self.replay is not None and len(self.replay) >= self.config.learning_starts
+    def add(self, chunk: Chunk) -> int:
+        return self.feed.add(chunk)
 
     def wants_data(self) -> bool:
-        return not self._warm() or self.credit < 1.0
+        return self.feed.wants_data()
 
     def can_update(self) -> bool:
-        return self._warm() and self.credit >= 1.0
+        return self.feed.can_update()
 
     def update(self) -> dict[str, float]:
-        assert self.replay is not None
-        batch = self.replay.sample(self.config.batch_size, self.rng)
+        batch = self.feed.sample(self.config.batch_size)
         metrics = self.step.train_step(batch)
-        self.credit -= 1.0
         return metrics
 
     def actor_weights(self) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ, as_inputs, seeded
 from worker.plugins.contract import Chunk, Learner
-from worker.rl.replay import ReplayBuffer, regroup, transitions
+from worker.rl.replay import ReplayBuffer, ReplayFeed, regroup
 
 if TYPE_CHECKING:
     from worker.algorithms.sac import SAC
@@ -52,36 +52,31 @@ class SACLearner(Learner):
         self.policy_opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, fused=True)
         self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=cfg.lr, fused=True)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.lr)
-        self.replay: ReplayBuffer | None = None
-        self.rng = np.random.default_rng(seed)
-        self.credit = 0.0
+        self.feed = ReplayFeed(
+            self.config.replay_capacity, self.config.learning_starts, self.config.train_steps_per_sample, seed
+        )
         self.version = 0
 
     # -- data ---------------------------------------------------------------------------
 
-    def add(self, chunk: Chunk) -> int:
-        columns = transitions(chunk)
-        if self.replay is None:
-            self.replay = ReplayBuffer.for_columns(self.config.replay_capacity, columns)
-        added = self.replay.add(columns)
-        self.credit += added * self.config.train_steps_per_sample
-        return added
+    @property
+    def replay(self) -> ReplayBuffer | None:
+        return self.feed.buffer
 
-    def _warm(self) -> bool:
-        return self.replay is not None and len(self.replay) >= self.config.learning_starts
+    def add(self, chunk: Chunk) -> int:
+        return self.feed.add(chunk)
 
     def wants_data(self) -> bool:
-        return not self._warm() or self.credit < 1.0
+        return self.feed.wants_data()
 
     def can_update(self) -> bool:
-        return self._warm() and self.credit >= 1.0
+        return self.feed.can_update()
 
     # -- the train step -----------------------------------------------------------------
 
     def update(self) -> dict[str, float]:
-        assert self.replay is not None
         cfg = self.config
-        batch = self.replay.sample(cfg.batch_size, self.rng)
+        batch = self.feed.sample(cfg.batch_size)
         obs, next_obs = as_inputs(regroup(batch, "obs")), as_inputs(regroup(batch, "next_obs"))
         action = self.policy.from_env(torch.from_numpy(batch["action"]).float())
         reward = torch.from_numpy(batch["reward"]).float()
@@ -107,7 +102,6 @@ class SACLearner(Learner):
 
         with torch.no_grad():
             torch._foreach_lerp_(self._target_params, self._critic_params, cfg.tau)
-        self.credit -= 1.0
         self.version += 1
         return {
             "critic_loss": float(critic_loss.detach()),
