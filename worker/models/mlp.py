@@ -42,4 +42,4 @@ class MLP(ModelPlugin):
         # Here, not at import: the coordinator loads the model plug-ins to check a job, without torch.
         from worker.models.mlp_encoder import MLPEncoder
 
-        return MLPEncoder(observation_space, config)
+        return MLPEncoder(observation_space, config.hidden_sizes, config.activation)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import torch
 from torch import nn
-
-from worker.models.mlp import MLPConfig
 
 
 class Flatten(nn.Module):
@@ -43,18 +42,18 @@ class Flatten(nn.Module):
 class MLPEncoder(nn.Module):
     """:class:`Flatten`, then ``Linear`` + activation per hidden layer; ``out_dim`` wide."""
 
-    def __init__(self, space: gym.Space[Any], config: MLPConfig) -> None:
+    def __init__(self, space: gym.Space[Any], hidden_sizes: Sequence[int], activation_name: str) -> None:
         super().__init__()
         self.flatten = Flatten(space)
-        activation: type[nn.Module] = nn.ReLU if config.activation == "relu" else nn.Tanh
+        activation: type[nn.Module] = nn.ReLU if activation_name == "relu" else nn.Tanh
         layers: list[nn.Module] = []
         width = self.flatten.in_dim
-        for hidden in config.hidden_sizes:
+        for hidden in hidden_sizes:
             layers += [nn.Linear(width, hidden), activation()]
             width = hidden
         self.net = nn.Sequential(*layers)
         self.out_dim = width
-        self.activation = config.activation
+        self.activation = activation_name
 
     def forward(self, obs: Any) -> torch.Tensor:
         out: torch.Tensor = self.net(self.flatten(obs))

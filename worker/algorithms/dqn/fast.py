@@ -32,8 +32,7 @@ import numpy.typing as npt
 import torch
 
 from worker.algorithms.dqn.config import DQNConfig
-from worker.algorithms.dqn.learner import split_state
-from worker.algorithms.dqn.network import QNetwork
+from worker.algorithms.dqn.network import QNetwork, split_state
 
 __all__ = ["NumpyDQNStep"]
 

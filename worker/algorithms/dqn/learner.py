@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.dqn.config import DQNConfig
-from worker.algorithms.dqn.network import QNetwork, check_fits
+from worker.algorithms.dqn.network import QNetwork, check_fits, split_state
 from worker.plugins.contract import Chunk, Learner
 from worker.rl.replay import ReplayBuffer, ReplayFeed, regroup
 
@@ -89,23 +89,6 @@ class DQNLearner(Learner):
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         self.step.load_state_dict(tensors, version)
-
-
-def split_state(tensors: Mapping[str, torch.Tensor], names: list[str]) -> tuple[dict[str, torch.Tensor], ...]:
-    """A checkpoint's online weights, target weights, Adam moments and step, checked against ``names``.
-
-    Checkpoint layout (both train steps): ``online.<name>``, ``target.<name>``,
-    ``adam.exp_avg.<name>``, ``adam.exp_avg_sq.<name>`` and ``adam.step`` (a scalar).
-
-    Raises:
-        ValueError: a tensor is missing or extra.
-    """
-    parts = ("online", "target", "adam.exp_avg", "adam.exp_avg_sq")
-    want = {f"{p}.{n}" for p in parts for n in names} | {"adam.step"}
-    if set(tensors) != want:
-        missing, extra = sorted(want - set(tensors))[:3], sorted(set(tensors) - want)[:3]
-        raise ValueError(f"the checkpoint does not fit this network: missing {missing}, unexpected {extra}")
-    return (*({n: tensors[f"{p}.{n}"] for n in names} for p in parts), {"step": tensors["adam.step"]})
 
 
 class TorchDQNStep:

@@ -68,3 +68,20 @@ def check_fits(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any], w
         if not isinstance(other, torch.Tensor) or tuple(other.shape) != tuple(tensor.shape):
             shape = tuple(other.shape) if isinstance(other, torch.Tensor) else type(other).__name__
             raise ValueError(f"{what} do not fit the Q-network: {name!r} is {shape}, needs {tuple(tensor.shape)}")
+
+
+def split_state(tensors: Mapping[str, torch.Tensor], names: list[str]) -> tuple[dict[str, torch.Tensor], ...]:
+    """A checkpoint's online weights, target weights, Adam moments and step, checked against ``names``.
+
+    Checkpoint layout (both train steps): ``online.<name>``, ``target.<name>``,
+    ``adam.exp_avg.<name>``, ``adam.exp_avg_sq.<name>`` and ``adam.step`` (a scalar).
+
+    Raises:
+        ValueError: a tensor is missing or extra.
+    """
+    parts = ("online", "target", "adam.exp_avg", "adam.exp_avg_sq")
+    want = {f"{p}.{n}" for p in parts for n in names} | {"adam.step"}
+    if set(tensors) != want:
+        missing, extra = sorted(want - set(tensors))[:3], sorted(set(tensors) - want)[:3]
+        raise ValueError(f"the checkpoint does not fit this network: missing {missing}, unexpected {extra}")
+    return (*({n: tensors[f"{p}.{n}"] for n in names} for p in parts), {"step": tensors["adam.step"]})
