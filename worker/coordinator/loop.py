@@ -26,9 +26,9 @@ from worker.coordinator.progress import Progress, RunLog
 from worker.coordinator.roster import Requirement, Roster
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State, Task, Timeouts
+from worker.coordinator.telemetry import RunTelemetry
 from worker.protocol import FinishInfo, Refusal
 from worker.storage.counters import counters_path, read_counters
-from worker.telemetry.coordinator import RunTelemetry
 
 logger = logging.getLogger(__name__)
 

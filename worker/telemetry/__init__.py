@@ -2,9 +2,9 @@
 
 * :mod:`worker.telemetry.metrics`: a role's registry and ``/metrics`` server (prometheus_client),
   with the transport's own counters (:mod:`messaging.stats`).
-* :mod:`worker.telemetry.collector`, :mod:`~worker.telemetry.learner`,
-  :mod:`~worker.telemetry.coordinator`: what each role counts, and (learner, coordinator)
-  writes to TensorBoard.
+* :mod:`worker.telemetry.collector`, :mod:`~worker.telemetry.learner`: what those roles
+  count, and (learner) writes to TensorBoard; the coordinator's, which counts its own
+  tasks, lives with them (:mod:`worker.coordinator.telemetry`).
 * :mod:`worker.telemetry.tensorboard`: the event files.
 
 Everything is off unless a role is given a metrics port (``WARREN_METRICS_PORT``) or a
