@@ -82,6 +82,9 @@ class CollectorConfig:
     """fsync step files before publishing their metadata (survives host crashes, costs ~0.3 ms/file)."""
     handler_threads: int = 4
     """Tasks served at the same time (data and close tasks run while a collector runs)."""
+    env_threads: int = 0
+    """Threads a native vector env (ale-py's) may step its envs on; 0: the CPUs this process may
+    run on (its affinity, a container's cpuset), shared out by `warren run` among its collectors."""
     plugins: str = "*"
     """Distributions whose ``warren.*`` entry points this worker loads (comma-separated; ``*``:
     every installed one). warren's built-ins are always there. Tasks can only name what is loaded."""
@@ -98,7 +101,22 @@ class CollectorConfig:
         _positive(self, "data_wait_s", "policy_wait_s", "close_wait_s", "stall_timeout_s", "stop_grace_s")
         if self.handler_threads < 2:
             raise ConfigurationError("handler_threads must be >= 2 (data and close tasks run side by side)")
+        if not 0 <= self.env_threads <= 256:
+            raise ConfigurationError(f"env_threads must be 0 (auto) to 256, got {self.env_threads!r}")
         _check_metrics(self.metrics_port, self.metrics_addr)
+
+    @property
+    def vector_env_threads(self) -> int:
+        """:attr:`env_threads`, with 0 resolved from this process's CPU budget."""
+        return self.env_threads or cpu_budget()
+
+
+def cpu_budget() -> int:
+    """CPUs this process may run on (``sched_getaffinity``: what ``taskset`` or a container's cpuset leaves)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)

@@ -310,7 +310,9 @@ class CollectorWorker:
 
     def _envs_for(self, spec: CollectorSpec, plugin: EnvPlugin) -> VecEnvBatch:
         env = spec.env
-        ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=env.seed)
+        ctx = make_env_context(
+            env.id, env.env_num, kwargs=env.kwargs, seed=env.seed, threads=self.config.vector_env_threads
+        )
         if spec.eval_flag:
             return VecEnvBatch(plugin, ctx)
         envs = self._envs

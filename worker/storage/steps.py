@@ -36,6 +36,8 @@ STEP_KIND: Final = "warren.samples"
 DEFAULT_MAX_FILE_BYTES: Final = 512 * 1024 * 1024
 #: numpy dtype kinds the codec can store: bool, signed, unsigned, float, complex.
 _STORABLE_KINDS: Final = frozenset("biufc")
+#: A field whose name holds this is a side table (``obs@heads``): its rows are not steps.
+SIDE_TABLE: Final = "@"
 #: First and largest pause while waiting for a missing file.
 _FIRST_WAIT_S: Final = 0.01
 _MAX_WAIT_S: Final = 0.5
@@ -46,7 +48,8 @@ class SampleChunk:
     """One step data file as read back.
 
     ``fields`` maps a field name to an array whose leading dimension is ``count`` (the steps
-    ``T``), or ``count + 1`` (observations: the one after the last step closes the chunk). The
+    ``T``), or ``count + 1`` (observations: the one after the last step closes the chunk), or
+    anything for a side table (a name with ``@``: the heads of frame stacks). The
     arrays are read-only views of the file's bytes: copy one before changing it.
     """
 
@@ -200,7 +203,10 @@ def _validate_samples(samples: Mapping[str, NDArray[Any]]) -> int:
             raise TypeError(f"sample field {name!r} has dtype {array.dtype}: only numeric and bool")
         if array.ndim == 0 or array.shape[0] == 0:
             raise ValueError(f"sample field {name!r} has shape {array.shape}: needs a leading dimension >= 1")
-        counts.add(int(array.shape[0]))
+        if SIDE_TABLE not in name:
+            counts.add(int(array.shape[0]))
+    if not counts:
+        raise ValueError("samples hold side tables only, no field of steps")
     # T steps, and T + 1 rows for observations (the one after the last step closes the chunk).
     if len(counts) > 2 or max(counts) - min(counts) > 1:
         shapes = {name: array.shape for name, array in samples.items()}
@@ -243,6 +249,6 @@ def _fields_problem(fields: Any, count: Any) -> str | None:
             return f"field name {name!r} is not a string"
         if not isinstance(array, np.ndarray) or array.ndim == 0:
             return f"field {name!r} is {type(array).__name__}, not an array with a leading dimension"
-        if array.shape[0] not in (count, count + 1):
+        if SIDE_TABLE not in name and array.shape[0] not in (count, count + 1):
             return f"field {name!r} has shape {array.shape}, but count is {count} (rows must be count or count + 1)"
     return None

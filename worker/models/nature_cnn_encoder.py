@@ -1,0 +1,44 @@
+"""The ``nature_cnn`` model's torch module: uint8 (or float) images in, ``[B, features]`` float32 out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from worker.models.nature_cnn import NatureCNNConfig, image_shape
+
+
+class NatureCNNEncoder(nn.Module):
+    """Three convolutions and a ReLU layer; see :mod:`worker.models.nature_cnn`."""
+
+    def __init__(self, space: gym.Space[Any], config: NatureCNNConfig) -> None:
+        super().__init__()
+        channels, height, width = image_shape(space)
+        self.input_shape = (channels, height, width)
+        assert isinstance(space, gym.spaces.Box)
+        # uint8 frames are scaled here, on their way into the first convolution; a float
+        # image is taken as it is (its env decided its range).
+        self.scale = 1.0 / 255.0 if space.dtype == "uint8" else 1.0
+        self.conv = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = int(self.conv(torch.zeros(1, channels, height, width)).shape[1])
+        self.fc = nn.Sequential(nn.Linear(flat, config.features), nn.ReLU())
+        self.out_dim = config.features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.reshape(-1, *self.input_shape).to(torch.float32)
+        if self.scale != 1.0:
+            x = x * self.scale
+        out: torch.Tensor = self.fc(self.conv(x))
+        return out
