@@ -85,3 +85,16 @@ def test_dqn_on_images_acts_and_learns_through_the_cnn() -> None:
     assert learner.can_update()
     learner.update()
     assert learner.version == 1
+
+
+def test_a_shared_body_runs_the_cnn_once_for_both_heads_and_has_one_set_of_weights() -> None:
+    algo = bound("ppo", PONG, model={"features": 16}, model_name="nature_cnn", shared_body=True)
+    net = algo.network(seed=0)  # type: ignore[attr-defined]
+    assert net.vf_body is None and not any(k.startswith("vf_body") for k in net.state_dict())
+    x = net.inputs(np.random.default_rng(0).integers(0, 256, (3, 4, 84, 84), dtype=np.uint8))
+    with torch.no_grad():
+        policy, value = net.policy_and_value(x)
+        torch.testing.assert_close(value, net.value(x))
+        torch.testing.assert_close(
+            policy.log_prob(torch.tensor([0, 1, 2])), net.policy(x).log_prob(torch.tensor([0, 1, 2]))
+        )

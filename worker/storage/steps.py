@@ -57,6 +57,8 @@ class SampleChunk:
     count: int
     fields: dict[str, NDArray[Any]]
     meta: dict[str, Any]
+    nbytes: int = 0
+    """Size of the file."""
 
 
 class StepStore:
@@ -222,7 +224,7 @@ def _parse_chunk(path: Path, data_id: str, body: bytes, max_bytes: int) -> Sampl
     problem = _document_problem(document, data_id)
     if problem is not None:
         raise CorruptFile(f"step file {str(path)!r} is not a valid chunk: {problem}")
-    return SampleChunk(data_id, document["count"], dict(document["fields"]), dict(document["meta"]))
+    return SampleChunk(data_id, document["count"], dict(document["fields"]), dict(document["meta"]), len(body))
 
 
 def _document_problem(document: Any, data_id: str) -> str | None:
