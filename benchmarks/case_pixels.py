@@ -6,10 +6,10 @@ Each repeat runs, one after the other (order rotating), on the same machine:
   env (8 envs, the same threads), the shipped Pong job's PPO actor (Nature CNN forward
   pass and sampling), stacks copied into a preallocated buffer, nothing written;
 * ``null``: two processes running warren's Rollout with a sink that drops chunks;
-* ``warren``: two processes running the Rollout with the real sink (a step file per chunk
-  on the local volume, its metadata through the broker), and a reader process that does
-  what the learner does with them: read each file, check it and rebuild its stacks,
-  delete it.
+* ``warren`` (``lz4``: its files lz4-compressed): two processes running the Rollout with
+  the real sink (a step file per chunk on the local volume, its metadata through the
+  broker), and a reader process that does what the learner does with them: read each
+  file, check it and rebuild its stacks, delete it.
 
 Reported: env steps/s of both collectors together (``warren`` over ``bare``, target
 >= 0.9), bytes on disk per env step (target <= 7.5 KB; stacked would be 28.2 KB), and
@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from benchmarks import procs
-from benchmarks.common import CaseContext, CaseResult, alternate
+from benchmarks.common import CaseContext, CaseResult, Measure, alternate
 from benchmarks.stats import Row, Series
 
 NAME = "pixels"
@@ -84,7 +85,7 @@ class _Pixels:
     def null(self) -> dict[str, float]:
         return self._summary(self._collectors("null", []))
 
-    def warren(self) -> dict[str, float]:
+    def warren(self, compression: str = "none") -> dict[str, float]:
         queue = f"pixels-{uuid.uuid4().hex[:8]}"
         data = self.workdir / queue
         data.mkdir()
@@ -95,7 +96,7 @@ class _Pixels:
         ready = reader.stdout.readline()
         if "ready" not in ready:
             raise RuntimeError(f"the reader did not start: {ready!r}")
-        results = self._collectors("warren", common)
+        results = self._collectors("warren", [*common, "--compression", compression])
         read = _result(reader)
         summary = self._summary(results)
         left = len(list(data.iterdir()))
@@ -112,7 +113,13 @@ def run(ctx: CaseContext) -> CaseResult:
     with ctx.scratch("pixels") as workdir:
         bench = _Pixels(ctx, workdir, steps)
         ctx.log(f"{COLLECTORS} collectors x {ENVS} envs x {steps} env steps per repeat, {THREADS} env thread each")
-        trials = alternate(ctx.repeats, {"warren": bench.warren, "null": bench.null, "bare": bench.bare}, log=ctx.log)
+        variants: dict[str, Measure] = {
+            "warren": bench.warren,
+            "lz4": partial(bench.warren, "lz4"),
+            "null": bench.null,
+            "bare": bench.bare,
+        }
+        trials = alternate(ctx.repeats, variants, log=ctx.log)
     per_step = trials.series("warren", "bytes_per_step")
     rows = [
         Row(TITLE, f"{COLLECTORS} collectors x {ENVS} envs, files + broker", "env steps/s", "higher",
@@ -123,6 +130,11 @@ def run(ctx: CaseContext) -> CaseResult:
             "warren's loop without I/O"),
         Row(TITLE, "bytes on disk per env step", "bytes", "lower", per_step,
             Series.of([STACKED_BYTES] * per_step.n), "the stacked observation alone", "target: <= 7,500"),
+        Row(TITLE, f"{COLLECTORS} collectors x {ENVS} envs, lz4 files + broker", "env steps/s", "higher",
+            trials.series("lz4", "steps_s"), trials.series("warren", "steps_s"), "the same, uncompressed files",
+            "WARREN_STEP_COMPRESSION=lz4"),
+        Row(TITLE, "bytes on disk per env step, lz4", "bytes", "lower", trials.series("lz4", "bytes_per_step"),
+            per_step, "uncompressed files", ""),
         Row(TITLE, "collector CPU inside the sink (files, encoding, broker)", "share", "lower",
             trials.series("warren", "sink_share")),
         Row(TITLE, "reader CPU per env step (read, check, rebuild stacks, delete)", "us", "lower",

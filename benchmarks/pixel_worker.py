@@ -135,7 +135,8 @@ def collect(job: JobConfig, args: argparse.Namespace) -> dict[str, float]:
         link = ConfirmedPublisher(settings, f"bench-pixels-{args.seed}").open()
         decl = Names(settings.prefix).metadata_decl(args.queue, max_length=64, expires_s=600)
         publisher = MetadataPublisher(link, decl)
-        sink = TimedSink(BrokerSink(SizedStore(Path(args.data)), publisher, task_id=args.queue, buffer_id="bench"))
+        store = SizedStore(Path(args.data), compression=args.compression)
+        sink = TimedSink(BrokerSink(store, publisher, task_id=args.queue, buffer_id="bench"))
     else:
         sink = TimedSink()
     rollout = Rollout(spec(job, args.steps, args.envs), job.bound, envs, sink, Weights(job), stop=threading.Event())
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="bench")
     parser.add_argument("--queue", default="pixels")
     parser.add_argument("--data", default="")
+    parser.add_argument("--compression", choices=["none", "lz4"], default="none")
     args = parser.parse_args(argv)
     limit_torch_threads(1)
     import_env_packages("ale_py")

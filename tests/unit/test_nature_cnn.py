@@ -98,3 +98,12 @@ def test_a_shared_body_runs_the_cnn_once_for_both_heads_and_has_one_set_of_weigh
         torch.testing.assert_close(
             policy.log_prob(torch.tensor([0, 1, 2])), net.policy(x).log_prob(torch.tensor([0, 1, 2]))
         )
+
+
+def test_an_image_dqn_whose_replay_would_not_fit_its_memory_bound_is_refused_saying_the_bytes() -> None:
+    from worker.errors import TaskError
+
+    algo = bound("dqn", PONG, model_name="nature_cnn", replay_capacity=100_000, replay_max_gib=8.0)
+    assert algo.replay_bytes_per_transition == 2 * 4 * 84 * 84 + 13  # type: ignore[attr-defined]
+    with pytest.raises(TaskError, match=r"replay buffer would take 10.5 GiB \(200000 transitions x 56461 bytes\)"):
+        bound("dqn", PONG, model_name="nature_cnn", replay_capacity=200_000, replay_max_gib=8.0)

@@ -74,7 +74,7 @@ class CollectorWorker:
         self.metrics = metrics or CollectorMetrics()
         self.names = Names.of(config.transport)
         self.role = f"collector-{config.worker_id}"
-        self.steps = StepStore(config.path_data, fsync=config.fsync)
+        self.steps = StepStore(config.path_data, fsync=config.fsync, compression=config.step_compression)
         self.policies = PolicyStore(config.path_policy)
         self.server = RpcServer(config.transport, self.role, threads=config.handler_threads)
         self.control_queue = self.names.collector_control(config.worker_id)

@@ -36,6 +36,9 @@ STEP_KIND: Final = "warren.samples"
 DEFAULT_MAX_FILE_BYTES: Final = 512 * 1024 * 1024
 #: numpy dtype kinds the codec can store: bool, signed, unsigned, float, complex.
 _STORABLE_KINDS: Final = frozenset("biufc")
+#: Compressions a step file may be written with; readers recognise an lz4 frame by its magic number.
+COMPRESSIONS: Final = ("none", "lz4")
+_LZ4_MAGIC: Final = b"\x04\x22\x4d\x18"
 #: A field whose name holds this is a side table (``obs@heads``): its rows are not steps.
 SIDE_TABLE: Final = "@"
 #: First and largest pause while waiting for a missing file.
@@ -70,9 +73,21 @@ class StepStore:
         max_file_bytes: largest file written or accepted when reading.
     """
 
-    def __init__(self, root: Path, *, fsync: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        fsync: bool = False,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        compression: str = "none",
+    ) -> None:
         if max_file_bytes <= 0:
             raise ValueError(f"max_file_bytes must be positive, got {max_file_bytes}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
+        if compression == "lz4":
+            _lz4_frame()  # fail at start, not at the first chunk
+        self._compression = compression
         self._root = Path(root)
         self._fsync = fsync
         self._max_file_bytes = max_file_bytes
@@ -129,7 +144,10 @@ class StepStore:
             "fields": dict(samples),
             "meta": dict(meta or {}),
         }
-        atomic_write(path, self._encode(data_id, document), fsync=self._fsync)
+        body = self._encode(data_id, document)
+        if self._compression == "lz4":
+            body = _lz4_frame().compress(body)
+        atomic_write(path, body, fsync=self._fsync)
         return path
 
     def read(self, data_id: str, *, wait_s: float = 5.0) -> SampleChunk:
@@ -216,7 +234,33 @@ def _validate_samples(samples: Mapping[str, NDArray[Any]]) -> int:
     return min(counts)
 
 
+def _lz4_frame() -> Any:
+    try:
+        import lz4.frame
+    except ImportError:
+        raise StorageError("lz4 step files need the lz4 package (pip install 'warren[atari]')") from None
+    return lz4.frame
+
+
+def _decompressed(path: Path, body: bytes, max_bytes: int) -> bytes:
+    """``body`` itself, or what its lz4 frame holds (at most ``max_bytes``: no decompression bomb)."""
+    if not body.startswith(_LZ4_MAGIC):
+        return body
+    try:
+        decompressor = _lz4_frame().LZ4FrameDecompressor()
+        out: bytes = decompressor.decompress(body, max_length=max_bytes)
+    except StorageError as exc:
+        raise CorruptFile(f"step file {str(path)!r} is lz4-compressed: {exc.message}") from None
+    except RuntimeError as exc:
+        raise CorruptFile(f"step file {str(path)!r} is not a valid lz4 frame: {exc}") from None
+    if not decompressor.eof:
+        raise CorruptFile(f"step file {str(path)!r} decompresses to more than {max_bytes} bytes, or is cut short")
+    return out
+
+
 def _parse_chunk(path: Path, data_id: str, body: bytes, max_bytes: int) -> SampleChunk:
+    nbytes = len(body)
+    body = _decompressed(path, body, max_bytes)
     try:
         document = codec.decode(body, max_bytes=max_bytes)
     except DecodeError as exc:
@@ -224,7 +268,7 @@ def _parse_chunk(path: Path, data_id: str, body: bytes, max_bytes: int) -> Sampl
     problem = _document_problem(document, data_id)
     if problem is not None:
         raise CorruptFile(f"step file {str(path)!r} is not a valid chunk: {problem}")
-    return SampleChunk(data_id, document["count"], dict(document["fields"]), dict(document["meta"]), len(body))
+    return SampleChunk(data_id, document["count"], dict(document["fields"]), dict(document["meta"]), nbytes)
 
 
 def _document_problem(document: Any, data_id: str) -> str | None:
