@@ -41,7 +41,9 @@ STACKED_BYTES = 4 * 84 * 84
 def _start(mode: str, *args: str) -> subprocess.Popen[str]:
     argv = procs.python_module("benchmarks.pixel_worker", "--mode", mode, *args)
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _result(proc: subprocess.Popen[str], timeout_s: float = 600) -> dict[str, Any]:
@@ -64,6 +66,15 @@ class _Pixels:
                    "--seed", str(i), *extra)
             for i in range(COLLECTORS)
         ]  # fmt: skip
+        # Every collector set up and reset before any timed loop starts.
+        for proc in started:
+            assert proc.stdout is not None and proc.stdin is not None
+            if "ready" not in proc.stdout.readline():
+                raise RuntimeError(f"a {mode} collector did not start: {proc.communicate()[1][-2000:]}")
+        for proc in started:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
         return [_result(p) for p in started]
 
     @staticmethod

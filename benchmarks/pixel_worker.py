@@ -48,6 +48,12 @@ from worker.storage import PolicySnapshot, StepStore
 JOB = Path(__file__).resolve().parents[1] / "configs" / "pong_ppo.toml"
 
 
+def wait_for_go() -> None:
+    """Say ready (set up, envs reset), then wait for the case's go, so the collectors' timed loops start together."""
+    print(json.dumps({"ready": True}), flush=True)
+    sys.stdin.readline()
+
+
 def cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -113,6 +119,7 @@ def bare(job: JobConfig, steps: int, envs: int, threads: int) -> dict[str, float
     rows = job.collector.traj_len
     obs, _ = vec.reset(seed=0)
     buffer = np.zeros((rows + 1, envs, *obs.shape[1:]), np.uint8)
+    wait_for_go()
     wall, cpu, thread_cpu = time.monotonic(), cpu_s(), time.thread_time()
     done = 0
     while done < steps:
@@ -141,6 +148,7 @@ def collect(job: JobConfig, args: argparse.Namespace) -> dict[str, float]:
         sink = TimedSink()
     rollout = Rollout(spec(job, args.steps, args.envs), job.bound, envs, sink, Weights(job), stop=threading.Event())
     envs.reset()
+    wait_for_go()
     wall, cpu, thread_cpu = time.monotonic(), cpu_s(), time.thread_time()
     rollout.run()
     wall, cpu, thread_cpu = time.monotonic() - wall, cpu_s() - cpu, time.thread_time() - thread_cpu
