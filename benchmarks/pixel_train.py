@@ -52,6 +52,16 @@ def tree(pid: int) -> list[int]:
     return out
 
 
+def return_curve(run_log: Path) -> list[tuple[int, float, int]]:
+    """``(env steps, mean return, episodes)`` of every collect task in which episodes ended, in order."""
+    curve = []
+    for line in run_log.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "task" and not record.get("eval_flag") and record.get("real_episode_count"):
+            curve.append((int(record["env_steps"]), float(record["reward_mean"]), int(record["real_episode_count"])))
+    return curve
+
+
 def distributed(seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pixel-train-") as tmp:
         argv = [sys.executable, "-m", "worker.cli", "run", "--config", str(JOB), "--progress", "log",
@@ -69,6 +79,9 @@ def distributed(seconds: float) -> dict[str, Any]:
         per_step = re.findall(r"step files: (\d+) bytes an env step", log)
         wall = float(summary["wall_time_s"])
         return {
+            "returns": return_curve(workdir / "run.jsonl"),
+            "evals": summary.get("evals"),
+            "best_eval": summary.get("best_eval"),
             "env_steps_s": summary["env_steps"] / wall,
             "learned_steps_s": summary["learner_samples"] / wall,
             "updates": summary["learner_train_steps"],

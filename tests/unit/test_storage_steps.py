@@ -403,3 +403,16 @@ def test_an_lz4_file_that_is_cut_short_or_decompresses_past_the_cap_is_corrupt(t
 def test_an_unknown_compression_is_refused() -> None:
     with pytest.raises(ValueError, match="compression must be one of"):
         StepStore(Path(tempfile.mkdtemp()), compression="zip")
+
+
+def test_the_default_store_compresses_frame_stack_chunks_only(tmp_path: Path) -> None:
+    pytest.importorskip("lz4")
+    store = StepStore(tmp_path)
+    frames = np.zeros((3, 2, 84, 84), np.uint8)
+    store.write(
+        "pixels", {"obs": frames, "obs@heads": np.zeros((2, 3, 84, 84), np.uint8), "valid": np.ones((2, 2), bool)}
+    )
+    store.write("vectors", {"obs": np.zeros((3, 2, 4), np.float32), "valid": np.ones((2, 2), bool)})
+    assert (tmp_path / "pixels").read_bytes()[:4] == b"\x04\x22\x4d\x18"
+    assert (tmp_path / "vectors").read_bytes()[:4] != b"\x04\x22\x4d\x18"
+    assert store.read("pixels").fields["obs@heads"].shape == (2, 3, 84, 84)

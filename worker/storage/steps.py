@@ -9,6 +9,7 @@ a little for a missing file but never retries a present, broken one. Files are m
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Mapping
@@ -37,7 +38,9 @@ DEFAULT_MAX_FILE_BYTES: Final = 512 * 1024 * 1024
 #: numpy dtype kinds the codec can store: bool, signed, unsigned, float, complex.
 _STORABLE_KINDS: Final = frozenset("biufc")
 #: Compressions a step file may be written with; readers recognise an lz4 frame by its magic number.
-COMPRESSIONS: Final = ("none", "lz4")
+#: ``auto``: lz4 for chunks of frame stacks (they have side tables) when the lz4 package is
+#: installed, none otherwise (for small vector observations it buys nothing).
+COMPRESSIONS: Final = ("auto", "none", "lz4")
 _LZ4_MAGIC: Final = b"\x04\x22\x4d\x18"
 #: A field whose name holds this is a side table (``obs@heads``): its rows are not steps.
 SIDE_TABLE: Final = "@"
@@ -79,7 +82,7 @@ class StepStore:
         *,
         fsync: bool = False,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-        compression: str = "none",
+        compression: str = "auto",
     ) -> None:
         if max_file_bytes <= 0:
             raise ValueError(f"max_file_bytes must be positive, got {max_file_bytes}")
@@ -87,6 +90,8 @@ class StepStore:
             raise ValueError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
         if compression == "lz4":
             _lz4_frame()  # fail at start, not at the first chunk
+        if compression == "auto":
+            compression = "frames" if importlib.util.find_spec("lz4") is not None else "none"
         self._compression = compression
         self._root = Path(root)
         self._fsync = fsync
@@ -145,7 +150,8 @@ class StepStore:
             "meta": dict(meta or {}),
         }
         body = self._encode(data_id, document)
-        if self._compression == "lz4":
+        frames = self._compression == "frames" and any(SIDE_TABLE in name for name in samples)
+        if self._compression == "lz4" or frames:
             body = _lz4_frame().compress(body)
         atomic_write(path, body, fsync=self._fsync)
         return path
