@@ -237,8 +237,10 @@ def test_a_pong_chunk_whose_frames_do_not_fit_is_counted_and_the_next_good_one_l
     good = chunk_fields(learner.layout, learner.spaces, 4, 1)
     bad = {**good, "obs": good["obs"][:, :, :80]}  # frames of 80x84 where the job's spaces make 84x84
     learner.steps.write("bad", bad)
+    learner.steps.write("short", good)
     learner.steps.write("good", good)
     learner._ingest(settled.item(data_item("bad", samples=4)))
+    learner._ingest(settled.item(data_item("short", samples=5)))  # its metadata says 5 steps, the file has 4
     learner._ingest(settled.item(data_item("good", samples=4)))
-    assert (learner.stats.corrupt_files, learner.stats.items, learner.stats.samples) == (1, 1, 4)
-    assert settled.outcomes == ["ack", "ack"] and not (learner.steps.root / "bad").exists()
+    assert (learner.stats.corrupt_files, learner.stats.items, learner.stats.samples) == (2, 1, 4)
+    assert settled.outcomes == ["ack", "ack", "ack"] and not (learner.steps.root / "bad").exists()

@@ -256,6 +256,12 @@ class Learner:
         try:
             stored = self.steps.read(data_id, wait_s=wait_s)
             chunk = read_chunk(stored.fields, self.layout, self.spaces, metadata.policy_iter)
+            said = (metadata.unroll_len or chunk.steps, metadata.env_num or chunk.num_envs)  # 0: not given
+            if (chunk.steps, chunk.num_envs) != said:
+                raise CorruptFile(
+                    f"step file {data_id!r} holds {chunk.steps} steps of {chunk.num_envs} envs; its metadata says "
+                    f"{metadata.unroll_len} of {metadata.env_num}"
+                )
             added = self.learner.add(chunk)
             self.stats.file_bytes += stored.nbytes
             self.stats.file_env_steps += chunk.steps * chunk.num_envs
