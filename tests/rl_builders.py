@@ -53,6 +53,14 @@ def chunk_fields(
         fields[name] = np.stack(
             [np.stack([np.asarray(leaf.sample()) for _ in range(envs)]) for _ in range(steps + 1)]
         ).astype(layout.fields[name].dtype)
+    for name in layout.frame_fields:
+        # Every row a head: a valid (if not a small) encoding of any stacks.
+        stacks = fields[name]
+        fields[name] = np.ascontiguousarray(stacks[:, :, -1])
+        older = np.ascontiguousarray(stacks[:, :, :-1])
+        fields[f"{name}@heads"] = older.reshape(-1, *older.shape[2:])
+        at_rows = np.repeat(np.arange(steps + 1, dtype=np.int32), envs)
+        fields[f"{name}@at"] = np.stack([at_rows, np.tile(np.arange(envs, dtype=np.int32), steps + 1)], axis=1)
     fields["action"] = np.stack([sample_actions(spaces.action, envs, rng) for _ in range(steps)])
     fields["reward"] = rng.normal(size=(steps, envs)).astype(np.float32)
     fields["valid"][:] = True

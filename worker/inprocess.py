@@ -119,7 +119,8 @@ class InProcessJob:
         self.envs.close()
 
 
-def job_envs(job: JobConfig, num_envs: int, seed: int | None) -> VecEnvBatch:
+def job_envs(job: JobConfig, num_envs: int, seed: int | None, threads: int = 1) -> VecEnvBatch:
     """``num_envs`` envs of the job's env, made by its env plug-in as a collector makes them."""
     plugin = env_plugin(installed(), job.env.plugin, job.env.plugin_version)
-    return VecEnvBatch(plugin, make_env_context(job.env.id, num_envs, kwargs=job.env.kwargs, seed=seed))
+    ctx = make_env_context(job.env.id, num_envs, kwargs=job.env.kwargs, seed=seed, threads=threads)
+    return VecEnvBatch(plugin, ctx)

@@ -21,7 +21,7 @@ from messaging import codec
 
 def test_every_case_is_registered_with_a_name_and_title() -> None:
     assert list(runner.CASES) == [
-        "steps", "rpc", "stream", "queue-type", "node-loss", "collector", "metrics", "scaling", "e2e", "sb3"
+        "steps", "rpc", "stream", "queue-type", "node-loss", "collector", "pixels", "metrics", "scaling", "e2e", "sb3"
     ]  # fmt: skip
     for name, module in runner.CASES.items():
         assert name == module.NAME

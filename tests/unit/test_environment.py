@@ -61,6 +61,8 @@ SAMPLES = {
     "WARREN_HANDLER_THREADS": "5",
     "WARREN_PLUGINS": "audit-plugins",
     "WARREN_ENV_PACKAGES": "audit_envs",
+    "WARREN_ENV_THREADS": "3",
+    "WARREN_STEP_COMPRESSION": "lz4",
     "WARREN_TORCH_THREADS": "3",
     "WARREN_RUN_LOG": "/audit/run.jsonl",
     "WARREN_PROGRESS": "off",

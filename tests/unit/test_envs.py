@@ -251,3 +251,21 @@ def test_env_plugins_that_cannot_serve_a_task_are_refused_with_the_reason(
     with pytest.raises(TaskError, match=message) as info:
         batch("grid", 3, plugin=plugin)
     assert info.value.result == {"message": refusal}
+
+
+def test_a_vector_entry_point_with_threads_gets_the_workers_thread_budget_and_others_do_not() -> None:
+    pytest.importorskip("ale_py")
+    from worker.envs.gymnasium import _takes_threads
+    from worker.plugins.registry import import_env_packages
+
+    import_env_packages("ale_py")
+    assert _takes_threads(gym.spec("ALE/Pong-v5")) and not _takes_threads(gym.spec("CartPole-v1"))
+
+
+def test_warren_run_shares_the_cpus_among_its_collectors_unless_told() -> None:
+    from worker.cli.run import collector_env_threads
+    from worker.config import cpu_budget
+
+    assert collector_env_threads(1, {}) == ["--env-threads", str(cpu_budget())]
+    assert collector_env_threads(64, {}) == ["--env-threads", "1"]
+    assert collector_env_threads(2, {"WARREN_ENV_THREADS": "3"}) == []

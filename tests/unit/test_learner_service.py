@@ -224,3 +224,23 @@ def test_a_torch_backend_learner_trains_the_same_job() -> None:
     job = JobConfig.load(None, **{"algorithm.backend": "torch"})
     learner = job.bound.make_learner(seed=0)
     assert isinstance(learner, DQNLearner) and isinstance(learner.step, TorchDQNStep)
+
+
+def test_a_pong_chunk_whose_frames_do_not_fit_is_counted_and_the_next_good_one_learned_from(tmp_path: Path) -> None:
+    pytest.importorskip("ale_py")
+    learner = make_learner(
+        tmp_path,
+        **{"env.id": "ALE/Pong-v5", "env.stop_value": 18.0, "algorithm.name": "ppo", "model.name": "nature_cnn"},
+    )
+    assert learner.layout.frame_fields == ("obs",)
+    settled = Settled()
+    good = chunk_fields(learner.layout, learner.spaces, 4, 1)
+    bad = {**good, "obs": good["obs"][:, :, :80]}  # frames of 80x84 where the job's spaces make 84x84
+    learner.steps.write("bad", bad)
+    learner.steps.write("short", good)
+    learner.steps.write("good", good)
+    learner._ingest(settled.item(data_item("bad", samples=4)))
+    learner._ingest(settled.item(data_item("short", samples=5)))  # its metadata says 5 steps, the file has 4
+    learner._ingest(settled.item(data_item("good", samples=4)))
+    assert (learner.stats.corrupt_files, learner.stats.items, learner.stats.samples) == (2, 1, 4)
+    assert settled.outcomes == ["ack", "ack", "ack"] and not (learner.steps.root / "bad").exists()

@@ -371,3 +371,48 @@ def test_a_reader_in_another_process_never_sees_a_partial_file(store: StepStore,
     assert report["reads"] > 10
     assert report["versions"] > 2
     assert os.listdir(store.root) == ["hot"]
+
+
+def test_an_lz4_store_writes_compressed_files_any_store_reads_back_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("lz4")
+    frames = np.zeros((65, 8, 84, 84), np.uint8)
+    frames[:, :, 40:44, 10:12] = 200  # a mostly uniform screen, as Atari's are
+    samples: dict[str, NDArray[Any]] = {"obs": frames, "reward": np.ones((64, 8), np.float32)}
+    plain, packed = StepStore(tmp_path / "plain"), StepStore(tmp_path / "lz4", compression="lz4")
+    plain.write("c1", samples)
+    packed.write("c1", samples)
+    assert (tmp_path / "lz4" / "c1").stat().st_size * 20 < (tmp_path / "plain" / "c1").stat().st_size
+    # a store that writes uncompressed still reads compressed files (the magic number says which)
+    read = StepStore(tmp_path / "lz4").read("c1")
+    np.testing.assert_array_equal(read.fields["obs"], frames)
+    assert read.nbytes == (tmp_path / "lz4" / "c1").stat().st_size
+
+
+def test_an_lz4_file_that_is_cut_short_or_decompresses_past_the_cap_is_corrupt(tmp_path: Path) -> None:
+    lz4_frame = pytest.importorskip("lz4.frame")
+    store = StepStore(tmp_path, max_file_bytes=64 * 1024)
+    (tmp_path / "bomb").write_bytes(lz4_frame.compress(bytes(1024 * 1024)))  # 1 MiB of zeros in a few KB
+    with pytest.raises(CorruptFile, match="decompresses to more than"):
+        store.read("bomb", wait_s=0)
+    whole = lz4_frame.compress(codec.encode({"x": 1}))
+    (tmp_path / "cut").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CorruptFile):
+        store.read("cut", wait_s=0)
+
+
+def test_an_unknown_compression_is_refused() -> None:
+    with pytest.raises(ValueError, match="compression must be one of"):
+        StepStore(Path(tempfile.mkdtemp()), compression="zip")
+
+
+def test_the_default_store_compresses_frame_stack_chunks_only(tmp_path: Path) -> None:
+    pytest.importorskip("lz4")
+    store = StepStore(tmp_path)
+    frames = np.zeros((3, 2, 84, 84), np.uint8)
+    store.write(
+        "pixels", {"obs": frames, "obs@heads": np.zeros((2, 3, 84, 84), np.uint8), "valid": np.ones((2, 2), bool)}
+    )
+    store.write("vectors", {"obs": np.zeros((3, 2, 4), np.float32), "valid": np.ones((2, 2), bool)})
+    assert (tmp_path / "pixels").read_bytes()[:4] == b"\x04\x22\x4d\x18"
+    assert (tmp_path / "vectors").read_bytes()[:4] != b"\x04\x22\x4d\x18"
+    assert store.read("pixels").fields["obs@heads"].shape == (2, 3, 84, 84)

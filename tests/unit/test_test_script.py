@@ -26,7 +26,7 @@ def test_the_plan_of_a_first_run_names_the_installs_and_changes_nothing(tmp_path
     assert "scripts/test will:" in done.stdout
     assert f"create the virtualenv {venv}" in done.stdout
     assert (
-        "pip install -e '.[test,plot,box2d,mujoco,sb3]'" in done.stdout
+        "pip install -e '.[test,plot,box2d,mujoco,atari,sb3]'" in done.stdout
         and "several minutes the first time" in done.stdout
     )
     assert "run ruff, mypy and pytest tests/unit -x" in done.stdout

@@ -45,6 +45,11 @@ def add_parser(commands: Any) -> None:
         "--stop-grace-s", type=float, help="time given to running work on SIGTERM (WARREN_STOP_GRACE_S; 20)"
     )
     group.add_argument(
+        "--env-threads",
+        type=int,
+        help="threads of a native vector env such as ale-py's (WARREN_ENV_THREADS; 0: this process's CPUs)",
+    )
+    group.add_argument(
         "--fsync", action="store_true", default=None, help="fsync step files before publishing (WARREN_FSYNC)"
     )
     add_telemetry_flags(parser, tensorboard=False)

@@ -45,7 +45,7 @@ from worker.cli.flags import (
 )
 from worker.cli.named_run import RUNS_DIR, RunIdentity, join_command, loopback_hosts, run_identity, run_name
 from worker.cli.run_dir import RunLock, RunState, new_record, read_record, state_of
-from worker.config import CoordinatorConfig, role_config
+from worker.config import CoordinatorConfig, cpu_budget, role_config
 from worker.job import JobConfig
 from worker.logs import setup_logging
 
@@ -287,9 +287,10 @@ def run(args: argparse.Namespace) -> int:
 
     learner = ["learner", "--config", str(job_file), "--tensorboard-dir", str(config.tensorboard_dir)]
     children.start("learner", [*learner, *metrics("learner"), *level])
+    threads = collector_env_threads(plan.collectors, plan.children_env)
     for i in range(plan.collectors):
         name = f"collector-{i}"
-        children.start(name, ["collector", "--worker-id", collector_id(i), *metrics(name), *level])
+        children.start(name, ["collector", "--worker-id", collector_id(i), *threads, *metrics(name), *level])
     coordinator = Coordinator(config, stop, continue_ended=plan.resume)
     children.watch(_ChildDeaths(coordinator, plan.collectors).on_exit)
     try:
@@ -377,6 +378,17 @@ def preflight(config: Any) -> str | None:
     except WarrenError as exc:
         return f"no usable broker: {exc.message}"
     return None
+
+
+def collector_env_threads(collectors: int, env: Mapping[str, str]) -> list[str]:
+    """``--env-threads``: this machine's CPUs shared out among the run's collectors (unless ``WARREN_ENV_THREADS``).
+
+    Without it each collector would take every CPU for its vector env (ale-py's thread pool),
+    and N collectors would run N times as many env threads as there are cores.
+    """
+    if env.get("WARREN_ENV_THREADS"):
+        return []
+    return ["--env-threads", str(max(1, cpu_budget() // collectors))]
 
 
 def metrics_ports(first: int, collectors: int) -> dict[str, int]:

@@ -74,7 +74,7 @@ class CollectorWorker:
         self.metrics = metrics or CollectorMetrics()
         self.names = Names.of(config.transport)
         self.role = f"collector-{config.worker_id}"
-        self.steps = StepStore(config.path_data, fsync=config.fsync)
+        self.steps = StepStore(config.path_data, fsync=config.fsync, compression=config.step_compression)
         self.policies = PolicyStore(config.path_policy)
         self.server = RpcServer(config.transport, self.role, threads=config.handler_threads)
         self.control_queue = self.names.collector_control(config.worker_id)
@@ -310,10 +310,12 @@ class CollectorWorker:
 
     def _envs_for(self, spec: CollectorSpec, plugin: EnvPlugin) -> VecEnvBatch:
         env = spec.env
+        threads = self.config.vector_env_threads
         if spec.eval_flag:  # every eval starts from the same episodes, so evals compare
-            return VecEnvBatch(plugin, make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=env.seed))
+            ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=env.seed, threads=threads)
+            return VecEnvBatch(plugin, ctx)
         seed = None if env.seed is None else worker_seed(env.seed, self.config.worker_id)
-        ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=seed)
+        ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=seed, threads=threads)
         envs = self._envs
         if envs is not None and (envs.ctx != ctx or envs.plugin is not plugin):
             envs.close()

@@ -8,13 +8,23 @@ Where an id registers a native vectorised implementation (``vector_entry_point``
 ``CartPole-v1``) it is used: one numpy step for all copies instead of a Python loop over
 envs, about ten times cheaper per step. Other ids run in gymnasium's ``SyncVectorEnv``.
 Both autoreset in ``NEXT_STEP`` mode, as the contract wants.
+
+ALE ids (``ALE/Pong-v5``, registered by ``ale_py``) have one: ale-py's C++
+``AtariVectorEnv``, which does the usual Atari preprocessing itself (84x84 grey, frame
+skip 4 with max-pooling, a stack of 4 frames as a ``(4, 84, 84)`` uint8 observation,
+up to 30 no-op actions at reset, FIRE at reset, rewards clipped to -1, 0, 1; episodic
+life off) and steps its envs on a pool of threads. A vector entry point that takes
+``num_threads`` gets the worker's thread budget (:attr:`EnvContext.threads`) unless the
+job's ``[env.kwargs]`` sets it.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 from worker.plugins.contract import EnvContext, EnvPlugin
 from worker.protocol import Refusal
@@ -40,8 +50,11 @@ class GymnasiumEnvs(EnvPlugin):
         check_registered(ctx.env_id)
         spec = gym.spec(ctx.env_id)
         mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
+        kwargs = dict(ctx.kwargs)
+        if spec.vector_entry_point is not None and "num_threads" not in kwargs and _takes_threads(spec):
+            kwargs["num_threads"] = ctx.threads
         try:
-            return gym.make_vec(ctx.env_id, num_envs=ctx.num_envs, vectorization_mode=mode, **dict(ctx.kwargs))
+            return gym.make_vec(ctx.env_id, num_envs=ctx.num_envs, vectorization_mode=mode, **kwargs)
         except (gym.error.Error, TypeError) as exc:
             raise Refusal.UNKNOWN_ENV.error(f"cannot create env {ctx.env_id!r}: {exc}") from exc
 
@@ -50,3 +63,13 @@ def check_registered(env_id: str) -> None:
     """Raises: TaskError: ``unknown env``, the id is not in gymnasium's registry."""
     if env_id not in gym.registry:
         raise Refusal.UNKNOWN_ENV.error(f"unknown env id {env_id!r}: not in the gymnasium registry")
+
+
+def _takes_threads(spec: gym.envs.registration.EnvSpec) -> bool:
+    """The id's vector entry point has a ``num_threads`` parameter (ale-py's ``AtariVectorEnv`` does)."""
+    entry = spec.vector_entry_point
+    try:
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+        return "num_threads" in inspect.signature(creator).parameters  # type: ignore[arg-type]
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False

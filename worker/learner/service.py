@@ -71,6 +71,10 @@ class LearnerStats:
     last_metrics: dict[str, float] = field(default_factory=dict)
     update_s: float = 0.0
     """Seconds spent in updates: over wall time, the learner's utilisation (the rest it waited for data)."""
+    file_bytes: int = 0
+    """Bytes of the step files learned from."""
+    file_env_steps: int = 0
+    """Env steps (rows x envs, reset steps included) in those files."""
 
 
 class Learner:
@@ -159,11 +163,13 @@ class Learner:
         self.telemetry.close()
         lifetime = max(time.monotonic() - self._reported_from, 1e-9)
         logger.info(
-            "learner stopped after %d updates, %.1f s of them in %.1f s (%.0f%% busy)",
+            "learner stopped after %d updates, %.1f s of them in %.1f s (%.0f%% busy); "
+            "step files: %.0f bytes an env step",
             self.stats.train_steps,
             self.stats.update_s,
             lifetime,
             100 * self.stats.update_s / lifetime,
+            self.stats.file_bytes / max(self.stats.file_env_steps, 1),
         )
 
     @property
@@ -250,7 +256,15 @@ class Learner:
         try:
             stored = self.steps.read(data_id, wait_s=wait_s)
             chunk = read_chunk(stored.fields, self.layout, self.spaces, metadata.policy_iter)
+            said = (metadata.unroll_len or chunk.steps, metadata.env_num or chunk.num_envs)  # 0: not given
+            if (chunk.steps, chunk.num_envs) != said:
+                raise CorruptFile(
+                    f"step file {data_id!r} holds {chunk.steps} steps of {chunk.num_envs} envs; its metadata says "
+                    f"{metadata.unroll_len} of {metadata.env_num}"
+                )
             added = self.learner.add(chunk)
+            self.stats.file_bytes += stored.nbytes
+            self.stats.file_env_steps += chunk.steps * chunk.num_envs
         except StorageError as exc:
             # Missing: already consumed (a duplicate delivery) or never written; corrupt: unusable.
             # Either way retrying cannot help, so the message is settled, and counted.

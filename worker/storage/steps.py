@@ -9,6 +9,7 @@ a little for a missing file but never retries a present, broken one. Files are m
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Mapping
@@ -36,6 +37,13 @@ STEP_KIND: Final = "warren.samples"
 DEFAULT_MAX_FILE_BYTES: Final = 512 * 1024 * 1024
 #: numpy dtype kinds the codec can store: bool, signed, unsigned, float, complex.
 _STORABLE_KINDS: Final = frozenset("biufc")
+#: Compressions a step file may be written with; readers recognise an lz4 frame by its magic number.
+#: ``auto``: lz4 for chunks of frame stacks (they have side tables) when the lz4 package is
+#: installed, none otherwise (for small vector observations it buys nothing).
+COMPRESSIONS: Final = ("auto", "none", "lz4")
+_LZ4_MAGIC: Final = b"\x04\x22\x4d\x18"
+#: A field whose name holds this is a side table (``obs@heads``): its rows are not steps.
+SIDE_TABLE: Final = "@"
 #: First and largest pause while waiting for a missing file.
 _FIRST_WAIT_S: Final = 0.01
 _MAX_WAIT_S: Final = 0.5
@@ -46,7 +54,8 @@ class SampleChunk:
     """One step data file as read back.
 
     ``fields`` maps a field name to an array whose leading dimension is ``count`` (the steps
-    ``T``), or ``count + 1`` (observations: the one after the last step closes the chunk). The
+    ``T``), or ``count + 1`` (observations: the one after the last step closes the chunk), or
+    anything for a side table (a name with ``@``: the heads of frame stacks). The
     arrays are read-only views of the file's bytes: copy one before changing it.
     """
 
@@ -54,6 +63,8 @@ class SampleChunk:
     count: int
     fields: dict[str, NDArray[Any]]
     meta: dict[str, Any]
+    nbytes: int = 0
+    """Size of the file."""
 
 
 class StepStore:
@@ -65,9 +76,23 @@ class StepStore:
         max_file_bytes: largest file written or accepted when reading.
     """
 
-    def __init__(self, root: Path, *, fsync: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        fsync: bool = False,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        compression: str = "auto",
+    ) -> None:
         if max_file_bytes <= 0:
             raise ValueError(f"max_file_bytes must be positive, got {max_file_bytes}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
+        if compression == "lz4":
+            _lz4_frame()  # fail at start, not at the first chunk
+        if compression == "auto":
+            compression = "frames" if importlib.util.find_spec("lz4") is not None else "none"
+        self._compression = compression
         self._root = Path(root)
         self._fsync = fsync
         self._max_file_bytes = max_file_bytes
@@ -124,7 +149,11 @@ class StepStore:
             "fields": dict(samples),
             "meta": dict(meta or {}),
         }
-        atomic_write(path, self._encode(data_id, document), fsync=self._fsync)
+        body = self._encode(data_id, document)
+        frames = self._compression == "frames" and any(SIDE_TABLE in name for name in samples)
+        if self._compression == "lz4" or frames:
+            body = _lz4_frame().compress(body)
+        atomic_write(path, body, fsync=self._fsync)
         return path
 
     def read(self, data_id: str, *, wait_s: float = 5.0) -> SampleChunk:
@@ -200,7 +229,10 @@ def _validate_samples(samples: Mapping[str, NDArray[Any]]) -> int:
             raise TypeError(f"sample field {name!r} has dtype {array.dtype}: only numeric and bool")
         if array.ndim == 0 or array.shape[0] == 0:
             raise ValueError(f"sample field {name!r} has shape {array.shape}: needs a leading dimension >= 1")
-        counts.add(int(array.shape[0]))
+        if SIDE_TABLE not in name:
+            counts.add(int(array.shape[0]))
+    if not counts:
+        raise ValueError("samples hold side tables only, no field of steps")
     # T steps, and T + 1 rows for observations (the one after the last step closes the chunk).
     if len(counts) > 2 or max(counts) - min(counts) > 1:
         shapes = {name: array.shape for name, array in samples.items()}
@@ -208,7 +240,33 @@ def _validate_samples(samples: Mapping[str, NDArray[Any]]) -> int:
     return min(counts)
 
 
+def _lz4_frame() -> Any:
+    try:
+        import lz4.frame
+    except ImportError:
+        raise StorageError("lz4 step files need the lz4 package (pip install 'warren[atari]')") from None
+    return lz4.frame
+
+
+def _decompressed(path: Path, body: bytes, max_bytes: int) -> bytes:
+    """``body`` itself, or what its lz4 frame holds (at most ``max_bytes``: no decompression bomb)."""
+    if not body.startswith(_LZ4_MAGIC):
+        return body
+    try:
+        decompressor = _lz4_frame().LZ4FrameDecompressor()
+        out: bytes = decompressor.decompress(body, max_length=max_bytes)
+    except StorageError as exc:
+        raise CorruptFile(f"step file {str(path)!r} is lz4-compressed: {exc.message}") from None
+    except RuntimeError as exc:
+        raise CorruptFile(f"step file {str(path)!r} is not a valid lz4 frame: {exc}") from None
+    if not decompressor.eof:
+        raise CorruptFile(f"step file {str(path)!r} decompresses to more than {max_bytes} bytes, or is cut short")
+    return out
+
+
 def _parse_chunk(path: Path, data_id: str, body: bytes, max_bytes: int) -> SampleChunk:
+    nbytes = len(body)
+    body = _decompressed(path, body, max_bytes)
     try:
         document = codec.decode(body, max_bytes=max_bytes)
     except DecodeError as exc:
@@ -216,7 +274,7 @@ def _parse_chunk(path: Path, data_id: str, body: bytes, max_bytes: int) -> Sampl
     problem = _document_problem(document, data_id)
     if problem is not None:
         raise CorruptFile(f"step file {str(path)!r} is not a valid chunk: {problem}")
-    return SampleChunk(data_id, document["count"], dict(document["fields"]), dict(document["meta"]))
+    return SampleChunk(data_id, document["count"], dict(document["fields"]), dict(document["meta"]), nbytes)
 
 
 def _document_problem(document: Any, data_id: str) -> str | None:
@@ -243,6 +301,6 @@ def _fields_problem(fields: Any, count: Any) -> str | None:
             return f"field name {name!r} is not a string"
         if not isinstance(array, np.ndarray) or array.ndim == 0:
             return f"field {name!r} is {type(array).__name__}, not an array with a leading dimension"
-        if array.shape[0] not in (count, count + 1):
+        if SIDE_TABLE not in name and array.shape[0] not in (count, count + 1):
             return f"field {name!r} has shape {array.shape}, but count is {count} (rows must be count or count + 1)"
     return None

@@ -7,14 +7,16 @@ builds the algorithm to validate a job and to read its exploration schedule. The
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 
 from worker.algorithms.dqn.config import DQNConfig, epsilon_at
-from worker.plugins.contract import Actor, Algorithm, Learner, UnsupportedSpace
-from worker.plugins.spaces import Spaces, describe_space
+from worker.errors import TaskError
+from worker.plugins.contract import Actor, Algorithm, Learner, Model, UnsupportedSpace
+from worker.plugins.spaces import Spaces, describe_space, leaf_layout
 from worker.protocol.checks import check_float
 
 __all__ = ["DQN", "DQNConfig", "epsilon_at"]
@@ -26,6 +28,27 @@ class DQN(Algorithm):
     Config = DQNConfig
     kind = "off_policy"
     config: DQNConfig
+
+    def __init__(self, config: DQNConfig, spaces: Spaces, model: Model) -> None:
+        super().__init__(config, spaces, model)
+        need = config.replay_capacity * self.replay_bytes_per_transition
+        if need > config.replay_max_gib * 2**30:
+            raise TaskError(
+                f"its replay buffer would take {need / 2**30:.1f} GiB ({config.replay_capacity} transitions x "
+                f"{self.replay_bytes_per_transition} bytes), over replay_max_gib = {config.replay_max_gib}: "
+                "lower replay_capacity or raise replay_max_gib"
+            )
+
+    @property
+    def replay_bytes_per_transition(self) -> int:
+        """Bytes a transition takes in replay: obs and next_obs (stacks as they are), action, reward, done."""
+        obs = self.spaces.observation
+        leaves = list(obs.spaces.values()) if isinstance(obs, gym.spaces.Dict) else [obs]
+        per_obs = 0
+        for leaf in leaves:
+            shape, dtype = leaf_layout(leaf)
+            per_obs += math.prod(shape) * dtype.itemsize
+        return 2 * per_obs + 8 + 4 + 1
 
     @classmethod
     def check_spaces(cls, spaces: Spaces) -> None:

@@ -25,6 +25,9 @@ class DQNConfig:
     discount: float = 0.99
     replay_capacity: int = 50_000
     """Transitions kept in the replay ring buffer."""
+    replay_max_gib: float = 8.0
+    """Refuse a job whose replay buffer would take more memory than this (capacity x bytes a
+    transition, both observations of it stacked: 56.5 KB for Atari's 4 x 84 x 84)."""
     learning_starts: int = 1000
     """No train step before the replay buffer holds this many transitions."""
     target_update_interval: int = 100
@@ -61,6 +64,7 @@ class DQNConfig:
             ("discount", 0.0, 1.0, False),
             ("tau", 0.0, 1.0, True),
             ("max_grad_norm", 0.0, 1e6, True),
+            ("replay_max_gib", 0.0, 1e6, True),
             ("train_steps_per_sample", 0.0, 1024.0, True),
             ("eps_start", 0.0, 1.0, False),
             ("eps_end", 0.0, 1.0, False),

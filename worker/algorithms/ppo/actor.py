@@ -29,10 +29,9 @@ class PPOActor(Actor):
                 torch.manual_seed(self._seed)
                 self._generator_ready = True
             x = self.net.inputs(obs)
-            policy = self.net.policy(x)
+            policy, value = self.net.policy_and_value(x)
             actions = policy.sample() if explore else policy.mode()
             logp = policy.log_prob(actions)
-            value = self.net.value(x)
         out = actions.numpy()
         if out.dtype == np.float64:
             out = out.astype(np.float32)

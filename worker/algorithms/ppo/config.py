@@ -35,6 +35,8 @@ class PPOConfig:
     """Normalise advantages per minibatch."""
     normalize_obs: bool = False
     """Normalise float observations by running mean and variance (statistics travel to the actors with the weights)."""
+    shared_body: bool = False
+    """One body for the policy and the value heads (Atari's usual setting: the CNN runs once a step, not twice)."""
     ortho_init: bool = True
     """Orthogonal initial weights (gain sqrt(2) hidden, 0.01 policy head, 1 value head), as SB3 and cleanrl."""
     log_std_init: float = 0.0
@@ -75,7 +77,7 @@ class PPOConfig:
         ):
             value = check_float(getattr(self, name), f"{p}.{name}", flo, fhi, lo_open=lo_open)
             object.__setattr__(self, name, value)
-        for name in ("normalize_advantage", "normalize_obs", "ortho_init"):
+        for name in ("normalize_advantage", "normalize_obs", "shared_body", "ortho_init"):
             object.__setattr__(self, name, check_bool(getattr(self, name), f"{p}.{name}"))
         if self.correction not in ("none", "vtrace"):
             raise ValueError(f"{p}.correction must be none or vtrace, got {self.correction!r}")

@@ -204,10 +204,10 @@ class PPOLearner(Learner):
         advantages = mb.advantages
         if cfg.normalize_advantage and len(mb) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        policy = self.net.policy(mb.obs)
+        policy, values = self.net.policy_and_value(mb.obs)
         logp = policy.log_prob(mb.actions)
         pg_loss, clip_fraction = clipped_surrogate(logp, mb.old_logp, advantages, cfg.clip_range)
-        v_loss = value_loss(self.net.value(mb.obs), mb.old_values, mb.returns, cfg.clip_range_vf)
+        v_loss = value_loss(values, mb.old_values, mb.returns, cfg.clip_range_vf)
         entropy = policy.entropy().mean()
         loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
         self.optimizer.zero_grad(set_to_none=True)

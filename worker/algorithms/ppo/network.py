@@ -2,6 +2,7 @@
 
 Separate bodies for the policy and the value function, as Stable-Baselines3's MLP
 policies have by default: a shared body trades the two losses off against each other.
+``shared_body`` gives one, as Atari PPO usually has: a CNN body is most of the cost.
 Observation normalisation keeps its running mean and variance in buffers, so they are in
 the actor's weights and every collector normalises as the learner does.
 """
@@ -65,9 +66,9 @@ class ActorCritic(nn.Module):
         obs_space, action_space = spaces.observation, spaces.action
         self.action_space = action_space
         self.pi_body = algorithm.model.encoder(obs_space)
-        self.vf_body = algorithm.model.encoder(obs_space)
+        self.vf_body: nn.Module | None = None if config.shared_body else algorithm.model.encoder(obs_space)
         self.pi_head = nn.Linear(int(self.pi_body.out_dim), dist_params(action_space))  # type: ignore[arg-type]
-        self.vf_head = nn.Linear(int(self.vf_body.out_dim), 1)  # type: ignore[arg-type]
+        self.vf_head = nn.Linear(int(self.pi_body.out_dim), 1)  # type: ignore[arg-type]
         self.log_std: nn.Parameter | None = None
         if isinstance(action_space, gym.spaces.Box):
             self.log_std = nn.Parameter(torch.full((dist_params(action_space),), config.log_std_init))
@@ -88,10 +89,11 @@ class ActorCritic(nn.Module):
 
     def _orthogonal(self) -> None:
         for body in (self.pi_body, self.vf_body):
-            for module in body.modules():
-                if isinstance(module, nn.Linear):
+            for module in body.modules() if body is not None else ():
+                if isinstance(module, nn.Linear | nn.Conv2d):
                     nn.init.orthogonal_(module.weight, gain=math.sqrt(2))
-                    nn.init.zeros_(module.bias)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
         for head, gain in ((self.pi_head, 0.01), (self.vf_head, 1.0)):
             nn.init.orthogonal_(head.weight, gain=gain)
             nn.init.zeros_(head.bias)
@@ -107,5 +109,14 @@ class ActorCritic(nn.Module):
         return Policy(self.action_space, self.pi_head(self.pi_body(x)), self.log_std)
 
     def value(self, x: Any) -> torch.Tensor:
-        out: torch.Tensor = self.vf_head(self.vf_body(x)).squeeze(-1)
+        body = self.vf_body if self.vf_body is not None else self.pi_body
+        out: torch.Tensor = self.vf_head(body(x)).squeeze(-1)
         return out
+
+    def policy_and_value(self, x: Any) -> tuple[Policy, torch.Tensor]:
+        """Both at once; a shared body runs once."""
+        if self.vf_body is not None:
+            return self.policy(x), self.value(x)
+        features = self.pi_body(x)
+        policy = Policy(self.action_space, self.pi_head(features), self.log_std)
+        return policy, self.vf_head(features).squeeze(-1)
