@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worker.plugins.contract import Chunk
+from worker.plugins.contract import Chunk, Learner
 
 Columns = dict[str, npt.NDArray[Any]]
 
@@ -169,3 +169,26 @@ class ReplayFeed:
         assert self.buffer is not None
         self.credit -= 1.0
         return self.buffer.sample(batch_size, self.rng)
+
+
+class ReplayLearner(Learner):
+    """A learner that trains from a :class:`ReplayFeed` (DQN, SAC): data in and the pace are the feed's.
+
+    Subclasses set ``self.feed`` and write the train step (``update``, drawing its batch
+    with ``self.feed.sample``) and the weights.
+    """
+
+    feed: ReplayFeed
+
+    @property
+    def replay(self) -> ReplayBuffer | None:
+        return self.feed.buffer
+
+    def add(self, chunk: Chunk) -> int:
+        return self.feed.add(chunk)
+
+    def wants_data(self) -> bool:
+        return self.feed.wants_data()
+
+    def can_update(self) -> bool:
+        return self.feed.can_update()

@@ -21,8 +21,7 @@ import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.dqn.config import DQNConfig
 from worker.algorithms.dqn.network import QNetwork, check_fits, split_state
-from worker.plugins.contract import Chunk, Learner
-from worker.rl.replay import ReplayBuffer, ReplayFeed, regroup
+from worker.rl.replay import ReplayFeed, ReplayLearner, regroup
 
 if TYPE_CHECKING:
     from worker.algorithms.dqn import DQN
@@ -42,7 +41,7 @@ class TrainStep(Protocol):
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], iter: int) -> None: ...
 
 
-class DQNLearner(Learner):
+class DQNLearner(ReplayLearner):
     """Replay in, train steps at the configured replay ratio, Q-network weights out."""
 
     def __init__(self, algorithm: DQN, seed: int) -> None:
@@ -62,19 +61,6 @@ class DQNLearner(Learner):
     @property
     def version(self) -> int:  # type: ignore[override]
         return self.step.iter
-
-    @property
-    def replay(self) -> ReplayBuffer | None:
-        return self.feed.buffer
-
-    def add(self, chunk: Chunk) -> int:
-        return self.feed.add(chunk)
-
-    def wants_data(self) -> bool:
-        return self.feed.wants_data()
-
-    def can_update(self) -> bool:
-        return self.feed.can_update()
 
     def update(self) -> dict[str, float]:
         batch = self.feed.sample(self.config.batch_size)

@@ -23,8 +23,7 @@ import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ, as_inputs, seeded
-from worker.plugins.contract import Chunk, Learner
-from worker.rl.replay import ReplayBuffer, ReplayFeed, regroup
+from worker.rl.replay import ReplayFeed, ReplayLearner, regroup
 
 if TYPE_CHECKING:
     from worker.algorithms.sac import SAC
@@ -35,7 +34,7 @@ def temperature_loss(log_alpha: torch.Tensor, logp: torch.Tensor, target_entropy
     return -(log_alpha * (logp.detach() + target_entropy)).mean()
 
 
-class SACLearner(Learner):
+class SACLearner(ReplayLearner):
     def __init__(self, algorithm: SAC, seed: int) -> None:
         cfg: SACConfig = algorithm.config
         self.config = cfg
@@ -56,21 +55,6 @@ class SACLearner(Learner):
             self.config.replay_capacity, self.config.learning_starts, self.config.train_steps_per_sample, seed
         )
         self.version = 0
-
-    # -- data ---------------------------------------------------------------------------
-
-    @property
-    def replay(self) -> ReplayBuffer | None:
-        return self.feed.buffer
-
-    def add(self, chunk: Chunk) -> int:
-        return self.feed.add(chunk)
-
-    def wants_data(self) -> bool:
-        return self.feed.wants_data()
-
-    def can_update(self) -> bool:
-        return self.feed.can_update()
 
     # -- the train step -----------------------------------------------------------------
 
