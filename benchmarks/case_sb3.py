@@ -87,16 +87,12 @@ def run_warren(job: Job, seed: int, workdir: Path, amqp_url: str, prefix: str) -
     stop = float(summary.get("stop_value", "inf"))
     reached = [r for r in evals if r["reward_mean"] >= stop]
     first = reached[0] if reached else None
-    return {
-        "side": "warren",
-        "seed": seed,
-        "reached": first is not None,
-        "seconds": first["time"] - started if first else None,
-        "env_steps": first["env_steps"] if first else summary.get("env_steps"),
-        "best": summary.get("best_eval"),
-        "exit_code": done.returncode,
-        "stderr": done.stderr[-1500:] if first is None else "",
-    }
+    return outcome(
+        "warren", seed, done,
+        seconds=first["time"] - started if first else None,
+        env_steps=first["env_steps"] if first else summary.get("env_steps"),
+        best=summary.get("best_eval"),
+    )  # fmt: skip
 
 
 def run_sb3(job: Job, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -113,15 +109,27 @@ def run_sb3(job: Job, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     evals = [r for r in lines if r.get("event") == "eval"]
     reached = [r for r in evals if r["value"] >= settings["stop_value"]]
     first = reached[0] if reached else None
+    return outcome(
+        "sb3", seed, done,
+        seconds=first["t"] - started if first else None,
+        env_steps=first["steps"] if first else (evals[-1]["steps"] if evals else None),
+        best=max((r["value"] for r in evals), default=None),
+    )  # fmt: skip
+
+
+def outcome(
+    side: str, seed: int, done: subprocess.CompletedProcess[str], *, seconds: float | None, env_steps: Any, best: Any
+) -> dict[str, Any]:
+    """One run's record: reached is whether it got to the stop value; stderr is kept for a run that did not."""
     return {
-        "side": "sb3",
+        "side": side,
         "seed": seed,
-        "reached": first is not None,
-        "seconds": first["t"] - started if first else None,
-        "env_steps": first["steps"] if first else (evals[-1]["steps"] if evals else None),
-        "best": max((r["value"] for r in evals), default=None),
+        "reached": seconds is not None,
+        "seconds": seconds,
+        "env_steps": env_steps,
+        "best": best,
         "exit_code": done.returncode,
-        "stderr": done.stderr[-1500:] if first is None else "",
+        "stderr": done.stderr[-1500:] if seconds is None else "",
     }
 
 

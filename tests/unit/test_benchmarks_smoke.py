@@ -155,3 +155,16 @@ def test_the_metrics_case_leaves_out_pairs_that_ran_beside_other_work() -> None:
     trials.cpu["on"] = [busy, busy, quiet, quiet]
     on, _, said = _quiet(trials, "x")
     assert on.n == 4 and said == "only 1 of 4 pairs quiet: all kept"
+
+
+def test_a_run_against_sb3_that_missed_the_stop_value_keeps_its_stderr_and_one_that_reached_it_does_not() -> None:
+    import subprocess
+
+    from benchmarks.case_sb3 import outcome
+
+    done = subprocess.CompletedProcess(["x"], 3, stdout="", stderr="boom")
+    missed = outcome("sb3", 1, done, seconds=None, env_steps=500, best=-300.0)
+    reached = outcome("warren", 1, done, seconds=4.5, env_steps=900, best=500.0)
+
+    assert (missed["reached"], missed["stderr"], missed["exit_code"]) == (False, "boom", 3)
+    assert (reached["reached"], reached["stderr"], reached["seconds"]) == (True, "", 4.5)
