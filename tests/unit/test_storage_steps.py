@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from messaging import codec
 from worker.errors import CorruptFile, MissingFile, StorageError, UnsafePath
 from worker.storage import STEP_KIND, StepStore
+from worker.storage.steps import SIDE_TABLE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_, np.float16, np.complex64]
@@ -61,7 +62,9 @@ def write_document(store: StepStore, name: str, /, **overrides: Any) -> None:
 @st.composite
 def sample_chunks(draw: st.DrawFn) -> dict[str, NDArray[Any]]:
     count = draw(st.integers(min_value=1, max_value=16))
-    names = draw(st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=5, unique=True))
+    # Field names of steps: a name with the side-table marker ("@") is a side table (frame stacks' heads).
+    step_name = st.text(min_size=1, max_size=12).filter(lambda name: SIDE_TABLE not in name)
+    names = draw(st.lists(step_name, min_size=1, max_size=5, unique=True))
     chunk: dict[str, NDArray[Any]] = {}
     for name in names:
         dtype = draw(st.sampled_from(DTYPES))
@@ -416,3 +419,10 @@ def test_the_default_store_compresses_frame_stack_chunks_only(tmp_path: Path) ->
     assert (tmp_path / "pixels").read_bytes()[:4] == b"\x04\x22\x4d\x18"
     assert (tmp_path / "vectors").read_bytes()[:4] != b"\x04\x22\x4d\x18"
     assert store.read("pixels").fields["obs@heads"].shape == (2, 3, 84, 84)
+
+
+def test_a_chunk_of_side_tables_only_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    store = StepStore(tmp_path)
+    with pytest.raises(ValueError, match="side tables only"):
+        store.write("chunk-1", {f"obs{SIDE_TABLE}heads": np.zeros((2, 3), np.uint8)}, {})
+    assert list(tmp_path.iterdir()) == []
