@@ -34,5 +34,10 @@ class NatureCNNEncoder(nn.Module):
         x = obs.reshape(-1, *self.input_shape).to(torch.float32)
         if self.scale != 1.0:
             x = x * self.scale
+        if torch.is_grad_enabled():
+            # Training: on CPU the convolutions' backward pass runs ~1.35x faster on NHWC
+            # (channels-last) input; the weights keep their layout, so checkpoints and the
+            # actors' weights do not change. A no-grad forward (collectors) gains nothing.
+            x = x.contiguous(memory_format=torch.channels_last)
         out: torch.Tensor = self.fc(self.conv(x))
         return out
