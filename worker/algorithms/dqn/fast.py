@@ -33,12 +33,11 @@ import torch
 
 from worker.algorithms.dqn.config import DQNConfig
 from worker.algorithms.dqn.network import QNetwork, split_state
+from worker.rl.flat_adam import FlatAdam, clip_global_norm
 
 __all__ = ["NumpyDQNStep"]
 
 F32 = npt.NDArray[np.float32]
-# Adam's torch defaults (``torch.optim.Adam``), which TorchDQNStep uses.
-_BETA1, _BETA2, _ADAM_EPS = 0.9, 0.999, 1e-8
 
 
 class NumpyDQNStep:
@@ -63,14 +62,14 @@ class NumpyDQNStep:
         self._shapes = [tuple(tensor.shape) for tensor in initial.values()]
         self.obs_dim = int(self._shapes[0][1])
         size = sum(math.prod(shape) for shape in self._shapes)
-        # Online weights, their gradient, the target net, Adam's moments and a scratch
-        # vector: one row each, so each is a single contiguous float32 vector.
-        self._flat = np.zeros((6, size), dtype=np.float32)
-        self._params, self._grad, self._target, self._m, self._v, self._tmp = self._flat
+        # Online weights, their gradient, the target net and a scratch vector: one row
+        # each, so each is a single contiguous float32 vector (Adam's moments likewise).
+        self._flat = np.zeros((4, size), dtype=np.float32)
+        self._params, self._grad, self._target, self._tmp = self._flat
         self._layers = self._split(self._params)
         self._grads = self._split(self._grad)
         self._target_layers = self._split(self._target)
-        self._adam_step = 0
+        self._adam = FlatAdam(size)  # torch.optim.Adam's defaults, as TorchDQNStep has
         self._scratch: dict[int, _Scratch] = {}
         self.iter = 0
         """Train steps done so far; sent with every policy as its version."""
@@ -91,9 +90,9 @@ class NumpyDQNStep:
         """Online and target weights and Adam's moments, in the checkpoint layout of :func:`split_state`."""
         out = {f"online.{n}": t for n, t in self.policy_state().items()}
         out.update({f"target.{n}": t for n, t in self.target_state().items()})
-        out.update({f"adam.exp_avg.{n}": t for n, t in self._state(self._split(self._m)).items()})
-        out.update({f"adam.exp_avg_sq.{n}": t for n, t in self._state(self._split(self._v)).items()})
-        out["adam.step"] = torch.tensor(float(self._adam_step), dtype=torch.float32)
+        out.update({f"adam.exp_avg.{n}": t for n, t in self._state(self._split(self._adam.m)).items()})
+        out.update({f"adam.exp_avg_sq.{n}": t for n, t in self._state(self._split(self._adam.v)).items()})
+        out["adam.step"] = torch.tensor(float(self._adam.steps), dtype=torch.float32)
         return out
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], iter: int) -> None:
@@ -109,9 +108,9 @@ class NumpyDQNStep:
                     raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(part[name].shape)}; needs {shape}")
         self._set(self._layers, online)
         self._set(self._target_layers, target)
-        self._set(self._split(self._m), m)
-        self._set(self._split(self._v), v)
-        self._adam_step = round(float(step["step"]))
+        self._set(self._split(self._adam.m), m)
+        self._set(self._split(self._adam.v), v)
+        self._adam.steps = round(float(step["step"]))
         self.iter = iter
 
     def _set(self, layers: list[tuple[F32, F32]], state: Mapping[str, torch.Tensor]) -> None:
@@ -162,11 +161,8 @@ class NumpyDQNStep:
 
         # -- backward through the online net's obs half, into the flat gradient; clip; Adam
         self._backward(s, n)
-        grad_norm = math.sqrt(float(np.dot(self._grad, self._grad)))
-        clip_coef = spec.max_grad_norm / (grad_norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-        if clip_coef < 1.0:
-            self._grad *= np.float32(clip_coef)
-        self._adam()
+        grad_norm = clip_global_norm(self._grad, spec.max_grad_norm)
+        self._adam.step(self._params, self._grad, spec.lr)
         self.iter += 1
 
         # -- target network
@@ -191,26 +187,6 @@ class NumpyDQNStep:
                 grad_in = np.matmul(grad_out, self._layers[i][0], out=s.grad_hidden[i - 1])
                 grad_in *= layer_in > 0.0  # ReLU: the gradient flows where the unit was active
                 grad_out = grad_in
-
-    def _adam(self) -> None:
-        """torch's Adam step (no weight decay, no amsgrad) over the flat vectors, in its order of operations."""
-        self._adam_step += 1
-        step_size = self.spec.lr / (1.0 - _BETA1**self._adam_step)
-        bias_correction2_sqrt = math.sqrt(1.0 - _BETA2**self._adam_step)
-        g, m, v, tmp = self._grad, self._m, self._v, self._tmp
-        m *= np.float32(_BETA1)
-        np.multiply(g, np.float32(1.0 - _BETA1), out=tmp)
-        m += tmp
-        v *= np.float32(_BETA2)
-        np.multiply(g, g, out=tmp)
-        tmp *= np.float32(1.0 - _BETA2)
-        v += tmp
-        np.sqrt(v, out=tmp)  # denominator: sqrt(v) / sqrt(1 - beta2^t) + eps
-        tmp /= np.float32(bias_correction2_sqrt)
-        tmp += np.float32(_ADAM_EPS)
-        np.divide(m, tmp, out=tmp)
-        tmp *= np.float32(step_size)
-        self._params -= tmp
 
     def _state(self, layers: list[tuple[F32, F32]]) -> dict[str, torch.Tensor]:
         views = [view for layer in layers for view in layer]

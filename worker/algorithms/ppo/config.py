@@ -50,6 +50,11 @@ class PPOConfig:
     truncated importance weights (then ``max_lag`` can be larger)."""
     vtrace_rho_bar: float = 1.0
     vtrace_c_bar: float = 1.0
+    backend: Literal["auto", "torch", "numpy"] = "auto"
+    """The minibatch step's implementation: ``numpy`` (the same math written out, ~3x faster
+    on small MLPs, where torch's per-op dispatch dominates; the ``mlp`` model on one float
+    ``Box`` of observations, ``Discrete`` or ``Box`` actions), ``torch`` (any model), or
+    ``auto`` (numpy where it can)."""
 
     def __post_init__(self) -> None:
         p = "algorithm"
@@ -79,5 +84,7 @@ class PPOConfig:
             object.__setattr__(self, name, value)
         for name in ("normalize_advantage", "normalize_obs", "shared_body", "ortho_init"):
             object.__setattr__(self, name, check_bool(getattr(self, name), f"{p}.{name}"))
+        if self.backend not in ("auto", "torch", "numpy"):
+            raise ValueError(f"{p}.backend must be auto, torch or numpy, got {self.backend!r}")
         if self.correction not in ("none", "vtrace"):
             raise ValueError(f"{p}.correction must be none or vtrace, got {self.correction!r}")

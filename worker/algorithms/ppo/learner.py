@@ -19,6 +19,7 @@ import numpy.typing as npt
 import torch
 
 from worker.algorithms.ppo.config import PPOConfig
+from worker.algorithms.ppo.fast import MinibatchArrays, NumpyPPOStep, supports
 from worker.algorithms.ppo.network import ActorCritic
 from worker.algorithms.ppo.returns import gae, vtrace
 from worker.plugins.contract import Chunk, Learner
@@ -88,6 +89,12 @@ class PPOLearner(Learner):
         self.samples = 0
         """Valid steps learned from so far (the learning-rate schedule's clock)."""
         self.version = 0
+        why_not = supports(self.net)
+        if self.config.backend == "numpy" and why_not is not None:
+            raise ValueError(f"algorithm.backend = 'numpy' cannot run this job: {why_not}")
+        self.fast = NumpyPPOStep(self.config, self.net) if why_not is None and self.config.backend != "torch" else None
+        """The numpy minibatch step, where it can run the network; it then owns the
+        parameters and Adam's moments, and copies the parameters into :attr:`net` after each update."""
 
     def _new_optimizer(self) -> torch.optim.Adam:
         # fused: one kernel for all parameters; on small networks the step is dispatch-bound.
@@ -174,6 +181,8 @@ class PPOLearner(Learner):
 
     def _epochs(self, batch: Batch) -> dict[str, float]:
         cfg = self.config
+        arrays = _arrays(batch) if self.fast is not None else None
+        lr = float(self.optimizer.param_groups[0]["lr"])
         totals = {"pg_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         steps = 0
         stopped_early = 0.0
@@ -182,8 +191,11 @@ class PPOLearner(Learner):
             order = torch.randperm(n, generator=self.generator)
             kl_sum, kl_count = 0.0, 0
             for start in range(0, n, cfg.minibatch_size):
-                mb = batch.take(order[start : start + cfg.minibatch_size])
-                metrics = self._minibatch(mb)
+                idx = order[start : start + cfg.minibatch_size]
+                if self.fast is not None and arrays is not None:
+                    metrics = self.fast.minibatch(_take(arrays, idx.numpy()), lr)
+                else:
+                    metrics = self._torch_minibatch(batch.take(idx))
                 for key in totals:
                     totals[key] += metrics[key]
                 kl_sum += metrics["approx_kl"]
@@ -192,6 +204,8 @@ class PPOLearner(Learner):
             if cfg.target_kl and kl_sum / max(kl_count, 1) > 1.5 * cfg.target_kl:
                 stopped_early = 1.0
                 break
+        if self.fast is not None:
+            self.fast.write_to(self.net)
         out = {key: value / max(steps, 1) for key, value in totals.items()}
         returns, values = batch.returns.numpy(), batch.old_values.numpy()
         spread = float(np.var(returns))
@@ -199,7 +213,8 @@ class PPOLearner(Learner):
         out["stopped_early"] = stopped_early
         return out
 
-    def _minibatch(self, mb: Batch) -> dict[str, float]:
+    def _torch_minibatch(self, mb: Batch) -> dict[str, float]:
+        """One gradient step in torch: any model, and the reference :class:`NumpyPPOStep` is tested against."""
         cfg = self.config
         advantages = mb.advantages
         if cfg.normalize_advantage and len(mb) > 1:
@@ -232,6 +247,15 @@ class PPOLearner(Learner):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {f"net.{name}": t for name, t in self.actor_weights().items()}
+        if self.fast is not None:
+            moments = self.fast.adam_state()
+            for i, name in enumerate(self.fast.names):
+                if self.fast.adam.steps:
+                    out[f"adam.{i}.exp_avg"] = torch.from_numpy(moments[f"{name}.exp_avg"])
+                    out[f"adam.{i}.exp_avg_sq"] = torch.from_numpy(moments[f"{name}.exp_avg_sq"])
+                    out[f"adam.{i}.step"] = torch.tensor(float(self.fast.adam.steps), dtype=torch.float32)
+            out["samples"] = torch.tensor(float(self.samples), dtype=torch.float64)
+            return out
         for i, param in enumerate(self.net.parameters()):
             state = self.optimizer.state.get(param, {})
             if "exp_avg" in state:
@@ -255,8 +279,42 @@ class PPOLearner(Learner):
                     "exp_avg": tensors[f"adam.{i}.exp_avg"].clone(),
                     "exp_avg_sq": tensors[f"adam.{i}.exp_avg_sq"].clone(),
                 }
+        if self.fast is not None:
+            self.fast.load_from(self.net)
+            names = self.fast.names
+            if all(f"adam.{i}.exp_avg" in tensors for i in range(len(names))):
+                moments = {}
+                for i, name in enumerate(names):
+                    moments[f"{name}.exp_avg"] = tensors[f"adam.{i}.exp_avg"].numpy()
+                    moments[f"{name}.exp_avg_sq"] = tensors[f"adam.{i}.exp_avg_sq"].numpy()
+                self.fast.load_adam_state(moments, round(float(tensors["adam.0.step"])))
         self.samples = int(float(tensors["samples"])) if "samples" in tensors else 0
         self.version = version
+
+
+def _arrays(batch: Batch) -> MinibatchArrays:
+    """The batch as numpy arrays for :class:`NumpyPPOStep` (observations flat float32 rows)."""
+    n = len(batch)
+    obs = batch.obs.numpy().reshape(n, -1).astype(np.float32, copy=False)
+    return MinibatchArrays(
+        obs,
+        batch.actions.numpy(),
+        batch.old_logp.numpy().astype(np.float32, copy=False),
+        batch.old_values.numpy().astype(np.float32, copy=False),
+        batch.advantages.numpy().astype(np.float32, copy=False),
+        batch.returns.numpy().astype(np.float32, copy=False),
+    )
+
+
+def _take(arrays: MinibatchArrays, idx: npt.NDArray[np.int64]) -> MinibatchArrays:
+    return MinibatchArrays(
+        arrays.obs[idx],
+        arrays.actions[idx],
+        arrays.old_logp[idx],
+        arrays.old_values[idx],
+        arrays.advantages[idx],
+        arrays.returns[idx],
+    )
 
 
 def _flat_rows(obs: Any) -> Any:
