@@ -103,7 +103,8 @@ def test_a_shared_body_runs_the_cnn_once_for_both_heads_and_has_one_set_of_weigh
 def test_an_image_dqn_whose_replay_would_not_fit_its_memory_bound_is_refused_saying_the_bytes() -> None:
     from worker.errors import TaskError
 
-    algo = bound("dqn", PONG, model_name="nature_cnn", replay_capacity=100_000, replay_max_gib=8.0)
-    assert algo.replay_bytes_per_transition == 2 * 4 * 84 * 84 + 13  # type: ignore[attr-defined]
-    with pytest.raises(TaskError, match=r"replay buffer would take 10.5 GiB \(200000 transitions x 56461 bytes\)"):
-        bound("dqn", PONG, model_name="nature_cnn", replay_capacity=200_000, replay_max_gib=8.0)
+    algo = bound("dqn", PONG, model_name="nature_cnn", replay_capacity=1_000_000, replay_max_gib=8.0)
+    # frames kept once: 84 x 84 x 1.125 frame slots + 9 int64 frame numbers + action, reward, done
+    assert algo.replay_bytes_per_transition == 7938 + 72 + 13  # type: ignore[attr-defined]
+    with pytest.raises(TaskError, match=r"replay buffer would take 7.5 GiB \(1000000 transitions x 8023 bytes\)"):
+        bound("dqn", PONG, model_name="nature_cnn", replay_capacity=1_000_000, replay_max_gib=4.0)

@@ -9,7 +9,8 @@ import pytest
 from tests.rl_builders import chunk_fields, flat_spaces
 from worker.plugins import Chunk, Column, Spaces
 from worker.rl.chunks import ChunkLayout, read_chunk
-from worker.rl.replay import ReplayBuffer, ReplayFeed, regroup, transitions
+from worker.rl.replay import ReplayBuffer, regroup, transitions
+from worker.rl.replay_feed import ReplayFeed
 
 LAYOUT = {
     "obs": ((3,), np.float32),

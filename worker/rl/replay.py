@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worker.plugins.contract import Chunk, Learner
+from worker.plugins.contract import Chunk
 
 Columns = dict[str, npt.NDArray[Any]]
 
@@ -104,6 +104,10 @@ class ReplayBuffer:
         self.total_added += n
         return n
 
+    def newest(self, count: int) -> npt.NDArray[np.int64]:
+        """Ring positions of the ``count`` newest transitions, newest first (``count <= len(self)``)."""
+        return (self._pos - 1 - np.arange(count, dtype=np.int64)) % self.capacity
+
     def sample(self, batch_size: int, rng: np.random.Generator) -> Columns:
         """Uniformly sample ``batch_size`` transitions (with replacement) as new arrays.
 
@@ -125,70 +129,3 @@ def regroup(batch: Mapping[str, npt.NDArray[Any]], prefix: str) -> Any:
         return batch[prefix]
     dotted = prefix + "."
     return {name[len(dotted) :]: value for name, value in batch.items() if name.startswith(dotted)}
-
-
-class ReplayFeed:
-    """Transitions in, batches out at a fixed replay ratio: the account off-policy learners keep.
-
-    Each transition taken in earns ``train_steps_per_sample`` train steps; a batch drawn
-    spends one. The learner service asks :meth:`wants_data` and :meth:`can_update` to
-    decide between reading and training, so the ratio holds however fast data arrives.
-    The buffer is made from the first chunk's columns (the learner knows no shapes
-    before), and no batch is drawn before it holds ``learning_starts`` transitions.
-    """
-
-    def __init__(self, capacity: int, learning_starts: int, train_steps_per_sample: float, seed: int) -> None:
-        self.capacity = capacity
-        self.learning_starts = learning_starts
-        self.train_steps_per_sample = train_steps_per_sample
-        self.buffer: ReplayBuffer | None = None
-        self.rng = np.random.default_rng(seed)
-        self.credit = 0.0
-        """Train steps owed to the transitions taken in."""
-
-    def add(self, chunk: Chunk) -> int:
-        """Take a chunk's valid transitions in; returns how many."""
-        columns = transitions(chunk)
-        if self.buffer is None:
-            self.buffer = ReplayBuffer.for_columns(self.capacity, columns)
-        added = self.buffer.add(columns)
-        self.credit += added * self.train_steps_per_sample
-        return added
-
-    def _warm(self) -> bool:
-        return self.buffer is not None and len(self.buffer) >= self.learning_starts
-
-    def wants_data(self) -> bool:
-        return not self._warm() or self.credit < 1.0
-
-    def can_update(self) -> bool:
-        return self._warm() and self.credit >= 1.0
-
-    def sample(self, batch_size: int) -> Columns:
-        """A uniform batch for one train step, paid for from the credit."""
-        assert self.buffer is not None
-        self.credit -= 1.0
-        return self.buffer.sample(batch_size, self.rng)
-
-
-class ReplayLearner(Learner):
-    """A learner that trains from a :class:`ReplayFeed` (DQN, SAC): data in and the pace are the feed's.
-
-    Subclasses set ``self.feed`` and write the train step (``update``, drawing its batch
-    with ``self.feed.sample``) and the weights.
-    """
-
-    feed: ReplayFeed
-
-    @property
-    def replay(self) -> ReplayBuffer | None:
-        return self.feed.buffer
-
-    def add(self, chunk: Chunk) -> int:
-        return self.feed.add(chunk)
-
-    def wants_data(self) -> bool:
-        return self.feed.wants_data()
-
-    def can_update(self) -> bool:
-        return self.feed.can_update()

@@ -18,6 +18,8 @@ from worker.errors import TaskError
 from worker.plugins.contract import Actor, Algorithm, Learner, Model, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space, leaf_layout
 from worker.protocol.checks import check_float
+from worker.rl.chunks import is_frame_stack
+from worker.rl.frame_replay import frame_replay_bytes_per_transition
 
 __all__ = ["DQN", "DQNConfig", "epsilon_at"]
 
@@ -41,8 +43,15 @@ class DQN(Algorithm):
 
     @property
     def replay_bytes_per_transition(self) -> int:
-        """Bytes a transition takes in replay: obs and next_obs (stacks as they are), action, reward, done."""
+        """Bytes a transition takes in replay: obs and next_obs, action, reward, done.
+
+        Frame stacks keep each frame once (:class:`~worker.rl.frame_replay.FrameReplay`):
+        ~1.1 frames and 72 bytes of frame numbers a transition instead of two stacks.
+        """
         obs = self.spaces.observation
+        if is_frame_stack(obs):
+            stack, height, width = obs.shape  # type: ignore[misc]
+            return frame_replay_bytes_per_transition(height * width, stack, 8 + 4 + 1)
         leaves = list(obs.spaces.values()) if isinstance(obs, gym.spaces.Dict) else [obs]
         per_obs = 0
         for leaf in leaves:

@@ -21,7 +21,9 @@ import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.dqn.config import DQNConfig
 from worker.algorithms.dqn.network import QNetwork, check_fits, split_state
-from worker.rl.replay import ReplayFeed, ReplayLearner, regroup
+from worker.rl.chunks import is_frame_stack
+from worker.rl.replay import regroup
+from worker.rl.replay_feed import ReplayFeed, ReplayLearner
 
 if TYPE_CHECKING:
     from worker.algorithms.dqn import DQN
@@ -55,7 +57,11 @@ class DQNLearner(ReplayLearner):
         fast = numpy_ok and self.config.backend != "torch"
         self.step: TrainStep = NumpyDQNStep(self.config, net) if fast else TorchDQNStep(self.config, net)
         self.feed = ReplayFeed(
-            self.config.replay_capacity, self.config.learning_starts, self.config.train_steps_per_sample, seed
+            self.config.replay_capacity,
+            self.config.learning_starts,
+            self.config.train_steps_per_sample,
+            seed,
+            frame_stack=is_frame_stack(algorithm.spaces.observation),
         )
 
     @property

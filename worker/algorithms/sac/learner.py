@@ -23,7 +23,9 @@ import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ, as_inputs, seeded
-from worker.rl.replay import ReplayFeed, ReplayLearner, regroup
+from worker.rl.chunks import is_frame_stack
+from worker.rl.replay import regroup
+from worker.rl.replay_feed import ReplayFeed, ReplayLearner
 
 if TYPE_CHECKING:
     from worker.algorithms.sac import SAC
@@ -52,7 +54,11 @@ class SACLearner(ReplayLearner):
         self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=cfg.lr, fused=True)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.lr)
         self.feed = ReplayFeed(
-            self.config.replay_capacity, self.config.learning_starts, self.config.train_steps_per_sample, seed
+            self.config.replay_capacity,
+            self.config.learning_starts,
+            self.config.train_steps_per_sample,
+            seed,
+            frame_stack=is_frame_stack(algorithm.spaces.observation),
         )
         self.version = 0
 
