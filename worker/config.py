@@ -135,9 +135,10 @@ class LearnerConfig:
     """Shared volume directory the collectors write step data files to."""
     path_policy: Path = Path("./policy")
     """Shared volume directory for the policy files the learner writes."""
-    torch_threads: int = 1
-    """torch intra-op threads of the learner. Its train step runs in numpy, whose BLAS pool
-    is sized by ``OPENBLAS_NUM_THREADS`` (1 unless set, see :mod:`worker.lifecycle`)."""
+    torch_threads: int = 0
+    """torch intra-op threads of the learner; 0: the job's ``learner.torch_threads``, else 1.
+    The numpy train steps' BLAS pool is sized by ``OPENBLAS_NUM_THREADS`` (1 unless set,
+    see :mod:`worker.lifecycle`)."""
     metrics_port: int = 0
     """Serve Prometheus metrics at ``http://<metrics_addr>:<port>/metrics``; 0: none."""
     metrics_addr: str = "127.0.0.1"
@@ -146,8 +147,14 @@ class LearnerConfig:
     """Write TensorBoard event files under ``<dir>/learner``; ``None``: none."""
 
     def __post_init__(self) -> None:
-        _positive(self, "torch_threads")
+        if self.torch_threads < 0:
+            raise ConfigurationError(f"torch_threads must be >= 0, got {self.torch_threads!r}")
         _check_metrics(self.metrics_port, self.metrics_addr)
+
+    @property
+    def learner_threads(self) -> int:
+        """The torch threads the learner runs: this process's setting, else the job's, else 1."""
+        return self.torch_threads or self.job.learner.torch_threads or 1
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,15 @@ class LearnerSection:
     """Delete a step data file once its samples are in the replay buffer."""
     read_wait_s: float = 5.0
     """How long to wait for a step file named in metadata to appear."""
+    torch_threads: int = 0
+    """torch intra-op threads this job's learner wants (0: one). A CNN learner trains
+    faster on every core; an MLP's torch step is dispatch-bound and does not, so 1 is the
+    default. The learner process's own ``WARREN_TORCH_THREADS``/``--torch-threads``, when
+    given, win: they describe the machine it runs on."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.torch_threads <= 1024:
+            raise ValueError(f"learner.torch_threads must be 0 (the process setting) to 1024, got {self.torch_threads}")
 
 
 #: The sections of a job file, by name; ``[algorithm]`` and ``[model]`` are read apart.

@@ -10,6 +10,7 @@ from messaging.settings import to_env
 from worker.cli import build_parser
 from worker.cli.run import child_env
 from worker.config import CollectorConfig, CoordinatorConfig, LearnerConfig, role_config
+from worker.job import JobConfig, LearnerSection
 
 
 def test_defaults_without_environment() -> None:
@@ -109,6 +110,26 @@ def test_warren_run_hands_its_children_every_transport_setting(tmp_path: Path) -
     assert collector.transport == learner.transport == transport
     assert collector.path_data == learner.path_data == tmp_path / "data"
     assert learner.path_policy == tmp_path / "policy"
+
+
+def test_warren_run_children_wait_passively_for_openmp_work_unless_told_otherwise(tmp_path: Path) -> None:
+    assert child_env(Settings(), tmp_path, {})["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert child_env(Settings(), tmp_path, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+@pytest.mark.parametrize(
+    "process, job, runs",
+    [(0, 0, 1), (0, 2, 2), (3, 2, 3), (1, 4, 1)],
+    ids=["neither: one", "the job's", "the process's wins", "an explicit one wins"],
+)
+def test_the_learner_runs_the_torch_threads_of_its_process_else_of_its_job(process: int, job: int, runs: int) -> None:
+    config = LearnerConfig(torch_threads=process, job=JobConfig(learner=LearnerSection(torch_threads=job)))
+    assert config.learner_threads == runs
+
+
+def test_a_job_asking_for_negative_learner_threads_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"learner\.torch_threads must be 0"):
+        LearnerSection(torch_threads=-1)
 
 
 def test_every_role_config_reads_the_environment_and_lets_flags_win() -> None:

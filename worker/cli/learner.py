@@ -36,7 +36,11 @@ def add_parser(commands: Any) -> None:
     add_job_flags(parser, run_end=False)  # the coordinator decides when the run ends
     parser.add_argument("--path-data", type=Path, help="step data directory (WARREN_PATH_DATA; ./data)")
     parser.add_argument("--path-policy", type=Path, help="policy directory (WARREN_PATH_POLICY; ./policy)")
-    parser.add_argument("--torch-threads", type=int, help="torch intra-op threads (WARREN_TORCH_THREADS; default 1)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch intra-op threads (WARREN_TORCH_THREADS; default: the job's learner.torch_threads, else 1)",
+    )
     add_telemetry_flags(parser, tensorboard=True)
     parser.set_defaults(run=run)
 

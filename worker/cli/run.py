@@ -451,6 +451,9 @@ def child_env(transport: Settings, workdir: Path, env: Mapping[str, str] | None 
     coordinator; the roles' own variables (``WARREN_STALL_TIMEOUT_S``,
     ``WARREN_TORCH_THREADS``...) pass as they are. The job's variables do not: the job
     reaches the learner whole, in ``job.json``, with the flags that overrode them applied.
+    ``OMP_WAIT_POLICY`` is ``PASSIVE`` unless set: the children share the machine, and a
+    learner's idle torch (OpenMP) threads would otherwise spin on the cores the
+    collectors need.
     """
     env = os.environ if env is None else env
     job_variables = {env_variable(flag) for flag in ENV_FLAGS}
@@ -460,4 +463,5 @@ def child_env(transport: Settings, workdir: Path, env: Mapping[str, str] | None 
         "WARREN_PATH_DATA": str(workdir / "data"),
         "WARREN_PATH_POLICY": str(workdir / "policy"),
         "PYTHONUNBUFFERED": "1",
+        "OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY", "PASSIVE"),
     }

@@ -87,7 +87,7 @@ class Learner:
         self.names = Names.of(config.transport)
         self.steps = StepStore(config.path_data)
         self.policies = PolicyStore(config.path_policy)
-        limit_torch_threads(config.torch_threads)
+        limit_torch_threads(config.learner_threads)
         self.algorithm = self.job.bound
         assert self.job.spaces is not None
         self.spaces = self.job.spaces
