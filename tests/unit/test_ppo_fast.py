@@ -117,3 +117,18 @@ def test_auto_picks_numpy_for_an_mlp_and_torch_for_a_cnn() -> None:
     ).make_learner(seed=0)  # fmt: skip
     assert isinstance(cnn, PPOLearner)
     assert mlp.fast is not None and cnn.fast is None
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_checkpoint_with_a_tensor_of_the_wrong_shape_is_refused_and_the_learner_keeps_its_weights(
+    backend: str,
+) -> None:
+    spaces, model = flat_spaces(), {"hidden_sizes": [16, 16], "activation": "tanh"}
+    target = learner(spaces, backend, model)
+    before = {k: v.clone() for k, v in target.net.state_dict().items()}
+    state = {k: v + 1.0 for k, v in learner(spaces, backend, model).state_dict().items()}
+    state["net.vf_head.bias"] = torch.zeros(2)
+    with pytest.raises(ValueError, match=r"'vf_head.bias' is \(2,\), needs \(1,\)"):
+        target.load_state_dict(state, version=3)
+    for name, tensor in target.net.state_dict().items():
+        torch.testing.assert_close(tensor, before[name], msg=name)

@@ -40,3 +40,25 @@ def test_sac_refuses_discrete_actions_before_anything_starts() -> None:
 
     with pytest.raises(ConfigurationError, match="sac needs continuous"):
         JobConfig.from_dict({"env": {"id": "CartPole-v1"}, "algorithm": {"name": "sac"}})
+
+
+def test_weights_with_one_tensor_of_the_wrong_shape_are_refused_and_the_sac_actor_keeps_all_of_its_own() -> None:
+    import gymnasium as gym
+    import numpy as np
+
+    from tests.rl_builders import bound
+    from worker.plugins import Spaces
+
+    spaces = Spaces(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
+    algo = bound("sac", spaces, model={"hidden_sizes": [8, 8]})
+    actor = algo.make_actor(seed=0)
+    obs = np.random.default_rng(0).uniform(-1, 1, size=(5, 3)).astype(np.float32)
+    before = actor.act(obs, explore=False, settings={})[0]
+    weights = {k: v.clone() + 1.0 for k, v in actor.policy.state_dict().items()}  # type: ignore[attr-defined]
+    first = next(iter(weights))
+    last = list(weights)[-1]
+    weights[last] = torch.zeros(*weights[last].shape, 2)  # the last tensor does not fit; the first would
+    with pytest.raises(ValueError, match=f"{last!r} is"):
+        actor.load_weights(weights)
+    np.testing.assert_array_equal(actor.act(obs, explore=False, settings={})[0], before)
+    assert first != last

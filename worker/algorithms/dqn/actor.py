@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from worker.algorithms.dqn.network import QNetwork, check_fits
+from worker.algorithms.dqn.network import QNetwork
+from worker.algorithms.weights import check_fits
 from worker.plugins.contract import Actor, Obs
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ class _EpsilonGreedy(Actor):
         return actions, {}
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        check_fits(self.net.state_dict(), weights, "the weights")  # all or nothing: the actor keeps its own
+        # All or nothing: the actor keeps its own weights when any tensor does not fit.
+        check_fits(self.net.state_dict(), weights, "the weights", "the Q-network")
         try:
             self.net.load_state_dict(dict(weights), strict=True)
         except (RuntimeError, TypeError, KeyError) as exc:

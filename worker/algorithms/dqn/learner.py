@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.dqn.config import DQNConfig
-from worker.algorithms.dqn.network import QNetwork, check_fits, split_state
+from worker.algorithms.dqn.network import QNetwork, split_state
+from worker.algorithms.weights import check_fits
 from worker.rl.chunks import is_frame_stack
 from worker.rl.replay import regroup
 from worker.rl.replay_feed import ReplayFeed, ReplayLearner
@@ -156,7 +157,7 @@ class TorchDQNStep:
         online, target, m, v, step = split_state(tensors, names)
         params = dict(self.q_net.named_parameters())
         for part in (online, target, m, v):  # all or nothing: a refused checkpoint leaves the nets as they were
-            check_fits(params, part, "the checkpoint's tensors")
+            check_fits(params, part, "the checkpoint's tensors", "the Q-network")
         try:
             self.q_net.load_state_dict(online, strict=True)
             self.target_net.load_state_dict(target, strict=True)

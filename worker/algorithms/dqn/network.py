@@ -53,23 +53,6 @@ class QNetwork(nn.Module):
         return [m for m in self.modules() if isinstance(m, nn.Linear)]
 
 
-def check_fits(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any], what: str) -> None:
-    """Raise ``ValueError`` naming the first tensor of ``given`` that does not fit ``expected``.
-
-    Checked before anything is loaded: ``Module.load_state_dict`` copies every tensor whose
-    shape fits before it raises for the ones that do not, which would leave a network that
-    refused a file holding part of it.
-    """
-    missing, extra = sorted(set(expected) - set(given))[:3], sorted(set(given) - set(expected))[:3]
-    if missing or extra:
-        raise ValueError(f"{what} do not fit the Q-network: missing {missing}, unexpected {extra}")
-    for name, tensor in expected.items():
-        other = given[name]
-        if not isinstance(other, torch.Tensor) or tuple(other.shape) != tuple(tensor.shape):
-            shape = tuple(other.shape) if isinstance(other, torch.Tensor) else type(other).__name__
-            raise ValueError(f"{what} do not fit the Q-network: {name!r} is {shape}, needs {tuple(tensor.shape)}")
-
-
 def split_state(tensors: Mapping[str, torch.Tensor], names: list[str]) -> tuple[dict[str, torch.Tensor], ...]:
     """A checkpoint's online weights, target weights, Adam moments and step, checked against ``names``.
 

@@ -49,9 +49,9 @@ class PPO(Algorithm):
         return self.config.max_lag
 
     def make_actor(self, seed: int | None) -> Actor:
-        from worker.algorithms.ppo.actor import PPOActor
+        from worker.algorithms.ppo.actor import make_actor
 
-        return PPOActor(self.network(), seed)
+        return make_actor(self, seed)
 
     def make_learner(self, seed: int) -> Learner:
         from worker.algorithms.ppo.learner import PPOLearner

@@ -38,7 +38,7 @@ from worker.algorithms.ppo.network import ActorCritic
 from worker.models.mlp_encoder import MLPEncoder
 from worker.rl.flat_adam import FlatAdam, clip_global_norm
 
-__all__ = ["MinibatchArrays", "NumpyPPOStep", "supports"]
+__all__ = ["MinibatchArrays", "NumpyActorCritic", "NumpyPPOStep", "gaussian_logp", "log_softmax", "supports"]
 
 F32 = npt.NDArray[np.float32]
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -106,6 +106,83 @@ class _Body:
                 grad_out = grad_pre @ self.weights[i][0]
 
 
+class NumpyActorCritic:
+    """An :class:`ActorCritic`'s parameters as views of one flat float32 vector, and its forward pass in numpy.
+
+    Shared by the numpy minibatch step (which adds the backward pass) and the numpy actor.
+
+    Raises:
+        ValueError: :func:`supports` refuses the network.
+    """
+
+    def __init__(self, net: ActorCritic) -> None:
+        why = supports(net)
+        if why is not None:
+            raise ValueError(f"numpy cannot run this PPO network: {why}")
+        named = list(net.named_parameters())
+        self.names = [name for name, _ in named]
+        self.shapes = [tuple(p.shape) for _, p in named]
+        self.size = sum(math.prod(shape) for shape in self.shapes)
+        self.params = np.zeros(self.size, dtype=np.float32)
+        self.grad = np.zeros(self.size, dtype=np.float32)
+        self.views = self.split(self.params)
+        self.grads = self.split(self.grad)
+        tanh = net.pi_body.activation == "tanh"
+        self.pi_body = self._body("pi_body", net.pi_body, tanh)
+        self.vf_body = None if net.vf_body is None else self._body("vf_body", net.vf_body, tanh)
+        self.discrete = isinstance(net.action_space, gym.spaces.Discrete)
+        self.action_start = int(net.action_space.start) if isinstance(net.action_space, gym.spaces.Discrete) else 0
+        self.load_from(net)
+
+    def load_from(self, net: ActorCritic) -> None:
+        """Copy ``net``'s parameters in."""
+        for name, param in net.named_parameters():
+            self.views[name][...] = param.detach().cpu().numpy()
+
+    def write_to(self, net: ActorCritic) -> None:
+        """Copy the parameters into ``net`` (its buffers, the observation statistics, are left alone)."""
+        with torch.no_grad():
+            for name, param in net.named_parameters():
+                param.copy_(torch.from_numpy(self.views[name]))
+
+    def forward(self, obs: F32) -> tuple[F32, F32, F32, F32]:
+        """The policy head's output (logits or means), the values, and the two bodies' features (for backward)."""
+        features = self.pi_body.forward(obs)
+        out = features @ self.views["pi_head.weight"].T + self.views["pi_head.bias"]
+        vf_features = features if self.vf_body is None else self.vf_body.forward(obs)
+        values = (vf_features @ self.views["vf_head.weight"].T)[:, 0] + self.views["vf_head.bias"][0]
+        return out, values, features, vf_features
+
+    def split(self, flat: F32) -> dict[str, F32]:
+        """Views of ``flat`` per parameter name, shaped as the parameters."""
+        views: dict[str, F32] = {}
+        offset = 0
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            size = math.prod(shape)
+            views[name] = flat[offset : offset + size].reshape(shape)
+            offset += size
+        return views
+
+    def _body(self, prefix: str, body: nn.Module, tanh: bool) -> _Body:
+        linear = [name for name, module in body.named_modules() if isinstance(module, nn.Linear)]
+        weights = [(self.views[f"{prefix}.{n}.weight"], self.views[f"{prefix}.{n}.bias"]) for n in linear]
+        grads = [(self.grads[f"{prefix}.{n}.weight"], self.grads[f"{prefix}.{n}.bias"]) for n in linear]
+        return _Body(weights, grads, tanh)
+
+
+def log_softmax(logits: F32) -> F32:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    out: F32 = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return out
+
+
+def gaussian_logp(actions: F32, means: F32, log_std: F32) -> F32:
+    """Log-density of a diagonal Gaussian, summed over the action's components (torch's ``Normal.log_prob``)."""
+    diff = actions - means
+    out: F32 = (-0.5 * diff * diff * np.exp(np.float32(-2.0) * log_std) - log_std - _HALF_LOG_2PI).sum(axis=1)
+    return out
+
+
 class NumpyPPOStep:
     """PPO's clipped-objective minibatch step (with value loss, entropy bonus, gradient clip, Adam) in numpy.
 
@@ -115,50 +192,32 @@ class NumpyPPOStep:
     """
 
     def __init__(self, config: PPOConfig, net: ActorCritic) -> None:
-        why = supports(net)
-        if why is not None:
-            raise ValueError(f"the numpy PPO step cannot run this network: {why}")
         self.config = config
-        named = list(net.named_parameters())
-        self.names = [name for name, _ in named]
-        self.shapes = [tuple(p.shape) for _, p in named]
-        size = sum(math.prod(shape) for shape in self.shapes)
-        self.params = np.zeros(size, dtype=np.float32)
-        self.grad = np.zeros(size, dtype=np.float32)
-        self.adam = FlatAdam(size, eps=1e-5)  # as PPOLearner's torch optimizer
-        self._params = self._views(self.params)
-        self._grads = self._views(self.grad)
-        tanh = net.pi_body.activation == "tanh"
-        self.pi_body = self._body("pi_body", net.pi_body, tanh)
-        self.vf_body = None if net.vf_body is None else self._body("vf_body", net.vf_body, tanh)
-        self.discrete = isinstance(net.action_space, gym.spaces.Discrete)
-        self.action_start = int(net.action_space.start) if isinstance(net.action_space, gym.spaces.Discrete) else 0
-        self.load_from(net)
+        self.model = NumpyActorCritic(net)
+        self.names = self.model.names
+        self.adam = FlatAdam(self.model.size, eps=1e-5)  # as PPOLearner's torch optimizer
 
     # -- weights ---------------------------------------------------------------------------
 
     def load_from(self, net: ActorCritic) -> None:
         """Copy ``net``'s parameters in (after a checkpoint was loaded into it)."""
-        for name, param in net.named_parameters():
-            self._params[name][...] = param.detach().cpu().numpy()
+        self.model.load_from(net)
 
     def write_to(self, net: ActorCritic) -> None:
-        """Copy the parameters into ``net`` (its buffers, the observation statistics, are left alone)."""
-        with torch.no_grad():
-            for name, param in net.named_parameters():
-                param.copy_(torch.from_numpy(self._params[name]))
+        """Copy the parameters into ``net``."""
+        self.model.write_to(net)
 
     def adam_state(self) -> dict[str, F32]:
         """Adam's moments per parameter name (copies), for a checkpoint."""
         out: dict[str, F32] = {}
-        m, v = self._views(self.adam.m), self._views(self.adam.v)
+        m, v = self.model.split(self.adam.m), self.model.split(self.adam.v)
         for name in self.names:
             out[f"{name}.exp_avg"] = m[name].copy()
             out[f"{name}.exp_avg_sq"] = v[name].copy()
         return out
 
     def load_adam_state(self, moments: Mapping[str, Any], steps: int) -> None:
-        m, v = self._views(self.adam.m), self._views(self.adam.v)
+        m, v = self.model.split(self.adam.m), self.model.split(self.adam.v)
         for name in self.names:
             m[name][...] = np.asarray(moments[f"{name}.exp_avg"], dtype=np.float32)
             v[name][...] = np.asarray(moments[f"{name}.exp_avg_sq"], dtype=np.float32)
@@ -175,24 +234,20 @@ class NumpyPPOStep:
             adv = (adv - adv.mean()) / (np.float32(adv.std(ddof=1)) + np.float32(1e-8))
 
         # -- forward
-        features = self.pi_body.forward(mb.obs)
-        head_w, head_b = self._params["pi_head.weight"], self._params["pi_head.bias"]
-        out = features @ head_w.T + head_b
-        vf_features = features if self.vf_body is None else self.vf_body.forward(mb.obs)
-        values = (vf_features @ self._params["vf_head.weight"].T)[:, 0] + self._params["vf_head.bias"][0]
-
-        if self.discrete:
-            actions = mb.actions.astype(np.int64).reshape(n) - self.action_start
-            shifted = out - out.max(axis=1, keepdims=True)
-            log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        model, views, grads = self.model, self.model.views, self.model.grads
+        out, values, features, vf_features = model.forward(mb.obs)
+        if model.discrete:
+            actions = mb.actions.astype(np.int64).reshape(n) - model.action_start
+            log_probs = log_softmax(out)
             probs = np.exp(log_probs)
             logp = log_probs[np.arange(n), actions]
             entropy_rows = -(probs * log_probs).sum(axis=1)
         else:
-            log_std = self._params["log_std"]
+            log_std = views["log_std"]
             inv_var = np.exp(np.float32(-2.0) * log_std)
-            diff = mb.actions.reshape(n, -1).astype(np.float32) - out
-            logp = (-0.5 * diff * diff * inv_var - log_std - _HALF_LOG_2PI).sum(axis=1)
+            sampled = mb.actions.reshape(n, -1).astype(np.float32)
+            diff = sampled - out
+            logp = gaussian_logp(sampled, out, log_std)
             entropy_rows = np.full(n, float((0.5 + _HALF_LOG_2PI + log_std).sum()), dtype=np.float32)
 
         log_ratio = logp - mb.old_logp
@@ -226,32 +281,32 @@ class NumpyPPOStep:
         entropy = float(entropy_rows.mean())
 
         # -- backward into the flat gradient
-        self.grad.fill(0.0)
+        model.grad.fill(0.0)
         ent = np.float32(cfg.ent_coef / n)
-        if self.discrete:
+        if model.discrete:
             # dlogp/dz = onehot - p; d(-ent_coef * H)/dz = ent_coef/n * p * (log p + H)
             grad_out = -probs * grad_logp[:, None]
             grad_out[np.arange(n), actions] += grad_logp
             grad_out += ent * probs * (log_probs + entropy_rows[:, None])
         else:
             grad_out = grad_logp[:, None] * diff * inv_var
-            self._grads["log_std"][...] = (grad_logp[:, None] * (diff * diff * inv_var - 1.0)).sum(axis=0)
-            self._grads["log_std"][...] -= np.float32(cfg.ent_coef)
+            grads["log_std"][...] = (grad_logp[:, None] * (diff * diff * inv_var - 1.0)).sum(axis=0)
+            grads["log_std"][...] -= np.float32(cfg.ent_coef)
         grad_out = grad_out.astype(np.float32, copy=False)
-        self._grads["pi_head.weight"][...] = grad_out.T @ features
-        self._grads["pi_head.bias"][...] = grad_out.sum(axis=0)
-        self._grads["vf_head.weight"][...] = grad_v[None, :] @ vf_features
-        self._grads["vf_head.bias"][...] = grad_v.sum()
-        grad_features = grad_out @ head_w
-        grad_vf_features = grad_v[:, None] * self._params["vf_head.weight"]
-        if self.vf_body is None:
-            self.pi_body.backward(grad_features + grad_vf_features)
+        grads["pi_head.weight"][...] = grad_out.T @ features
+        grads["pi_head.bias"][...] = grad_out.sum(axis=0)
+        grads["vf_head.weight"][...] = grad_v[None, :] @ vf_features
+        grads["vf_head.bias"][...] = grad_v.sum()
+        grad_features: F32 = grad_out @ views["pi_head.weight"]
+        grad_vf_features: F32 = (grad_v[:, None] * views["vf_head.weight"]).astype(np.float32, copy=False)
+        if model.vf_body is None:
+            model.pi_body.backward(grad_features + grad_vf_features)
         else:
-            self.pi_body.backward(grad_features)
-            self.vf_body.backward(grad_vf_features)
+            model.pi_body.backward(grad_features)
+            model.vf_body.backward(grad_vf_features)
 
-        clip_global_norm(self.grad, cfg.max_grad_norm)
-        self.adam.step(self.params, self.grad, lr)
+        clip_global_norm(model.grad, cfg.max_grad_norm)
+        self.adam.step(model.params, model.grad, lr)
         return {
             "pg_loss": pg_loss,
             "value_loss": v_loss,
@@ -259,20 +314,3 @@ class NumpyPPOStep:
             "approx_kl": float((np.expm1(log_ratio) - log_ratio).mean()),
             "clip_fraction": float((np.abs(ratio - 1.0) > cfg.clip_range).mean()),
         }
-
-    # -- layout ----------------------------------------------------------------------------
-
-    def _views(self, flat: F32) -> dict[str, F32]:
-        views: dict[str, F32] = {}
-        offset = 0
-        for name, shape in zip(self.names, self.shapes, strict=True):
-            size = math.prod(shape)
-            views[name] = flat[offset : offset + size].reshape(shape)
-            offset += size
-        return views
-
-    def _body(self, prefix: str, body: nn.Module, tanh: bool) -> _Body:
-        linear = [name for name, module in body.named_modules() if isinstance(module, nn.Linear)]
-        weights = [(self._params[f"{prefix}.{n}.weight"], self._params[f"{prefix}.{n}.bias"]) for n in linear]
-        grads = [(self._grads[f"{prefix}.{n}.weight"], self._grads[f"{prefix}.{n}.bias"]) for n in linear]
-        return _Body(weights, grads, tanh)

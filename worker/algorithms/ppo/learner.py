@@ -22,6 +22,7 @@ from worker.algorithms.ppo.config import PPOConfig
 from worker.algorithms.ppo.fast import MinibatchArrays, NumpyPPOStep, supports
 from worker.algorithms.ppo.network import ActorCritic
 from worker.algorithms.ppo.returns import gae, vtrace
+from worker.algorithms.weights import check_fits
 from worker.plugins.contract import Chunk, Learner
 
 if TYPE_CHECKING:
@@ -267,6 +268,7 @@ class PPOLearner(Learner):
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         net = {k.removeprefix("net."): v for k, v in tensors.items() if k.startswith("net.")}
+        check_fits(self.net.state_dict(), net, "the checkpoint's tensors", "this actor-critic")  # all or nothing
         try:
             self.net.load_state_dict(net, strict=True)
         except RuntimeError as exc:

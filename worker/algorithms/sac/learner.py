@@ -23,6 +23,7 @@ import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ, as_inputs, seeded
+from worker.algorithms.weights import check_fits
 from worker.rl.chunks import is_frame_stack
 from worker.rl.replay import regroup
 from worker.rl.replay_feed import ReplayFeed, ReplayLearner
@@ -125,6 +126,8 @@ class SACLearner(ReplayLearner):
             p: {k[len(p) + 1 :]: v for k, v in tensors.items() if k.startswith(p + ".")}
             for p in ("policy", "critics", "targets")
         }
+        for name, module in (("policy", self.policy), ("critics", self.critics), ("targets", self.targets)):
+            check_fits(module.state_dict(), parts[name], "the checkpoint's tensors", f"SAC's {name}")  # all or none
         try:
             self.policy.load_state_dict(parts["policy"], strict=True)
             self.critics.load_state_dict(parts["critics"], strict=True)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 from torch import nn
 
+from worker.algorithms.weights import check_fits
 from worker.plugins.contract import Actor, Model, Obs
 from worker.plugins.spaces import Spaces
 
@@ -145,6 +146,7 @@ class SACActor(Actor):
         return actions.numpy().astype(np.float32), {}
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        check_fits(self.policy.state_dict(), weights, "the weights", "the SAC policy")  # all or nothing
         try:
             self.policy.load_state_dict(dict(weights), strict=True)
         except (RuntimeError, TypeError, KeyError) as exc:
