@@ -70,6 +70,17 @@ class MinibatchArrays:
     advantages: F32
     returns: F32
 
+    def take(self, idx: npt.NDArray[np.int64]) -> MinibatchArrays:
+        """The rows ``idx`` of every array."""
+        return MinibatchArrays(
+            self.obs[idx],
+            self.actions[idx],
+            self.old_logp[idx],
+            self.old_values[idx],
+            self.advantages[idx],
+            self.returns[idx],
+        )
+
 
 class _Body:
     """Views of one MLP body's weights and gradients, and its activations from the last forward pass."""

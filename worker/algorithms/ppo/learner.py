@@ -194,7 +194,7 @@ class PPOLearner(Learner):
             for start in range(0, n, cfg.minibatch_size):
                 idx = order[start : start + cfg.minibatch_size]
                 if self.fast is not None and arrays is not None:
-                    metrics = self.fast.minibatch(_take(arrays, idx.numpy()), lr)
+                    metrics = self.fast.minibatch(arrays.take(idx.numpy()), lr)
                 else:
                     metrics = self._torch_minibatch(batch.take(idx))
                 for key in totals:
@@ -248,13 +248,12 @@ class PPOLearner(Learner):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {f"net.{name}": t for name, t in self.actor_weights().items()}
-        if self.fast is not None:
-            moments = self.fast.adam_state()
-            for i, name in enumerate(self.fast.names):
-                if self.fast.adam.steps:
-                    out[f"adam.{i}.exp_avg"] = torch.from_numpy(moments[f"{name}.exp_avg"])
-                    out[f"adam.{i}.exp_avg_sq"] = torch.from_numpy(moments[f"{name}.exp_avg_sq"])
-                    out[f"adam.{i}.step"] = torch.tensor(float(self.fast.adam.steps), dtype=torch.float32)
+        if self.fast is not None:  # the same layout as the torch optimizer's, so either backend resumes it
+            moments = self.fast.adam_state() if self.fast.adam.steps else {}
+            for i, name in enumerate(self.fast.names if moments else ()):
+                out[f"adam.{i}.exp_avg"] = torch.from_numpy(moments[f"{name}.exp_avg"])
+                out[f"adam.{i}.exp_avg_sq"] = torch.from_numpy(moments[f"{name}.exp_avg_sq"])
+                out[f"adam.{i}.step"] = torch.tensor(float(self.fast.adam.steps), dtype=torch.float32)
             out["samples"] = torch.tensor(float(self.samples), dtype=torch.float64)
             return out
         for i, param in enumerate(self.net.parameters()):
@@ -305,17 +304,6 @@ def _arrays(batch: Batch) -> MinibatchArrays:
         batch.old_values.numpy().astype(np.float32, copy=False),
         batch.advantages.numpy().astype(np.float32, copy=False),
         batch.returns.numpy().astype(np.float32, copy=False),
-    )
-
-
-def _take(arrays: MinibatchArrays, idx: npt.NDArray[np.int64]) -> MinibatchArrays:
-    return MinibatchArrays(
-        arrays.obs[idx],
-        arrays.actions[idx],
-        arrays.old_logp[idx],
-        arrays.old_values[idx],
-        arrays.advantages[idx],
-        arrays.returns[idx],
     )
 
 
