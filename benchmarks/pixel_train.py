@@ -62,6 +62,19 @@ def return_curve(run_log: Path) -> list[tuple[int, float, int]]:
     return curve
 
 
+def windows(curve: list[tuple[int, float, int]], width: int) -> list[dict[str, Any]]:
+    """The return curve as episode-weighted means per ``width`` env steps (a task counts where it ended)."""
+    sums: dict[int, list[float]] = {}
+    for env_steps, mean, episodes in curve:
+        total = sums.setdefault(env_steps // width, [0.0, 0.0])
+        total[0] += mean * episodes
+        total[1] += episodes
+    return [
+        {"from": k * width, "to": (k + 1) * width, "mean_return": total / count, "episodes": int(count)}
+        for k, (total, count) in sorted(sums.items())
+    ]
+
+
 def distributed(seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pixel-train-") as tmp:
         argv = [sys.executable, "-m", "worker.cli", "run", "--config", str(JOB), "--progress", "log",
@@ -128,7 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--only", choices=["warren", "single"])
+    parser.add_argument("--curve", type=Path, help="only print the return by env-step window of this run.jsonl")
+    parser.add_argument("--window", type=int, default=50_000, help="env steps per window of --curve")
     args = parser.parse_args(argv)
+    if args.curve is not None:
+        for row in windows(return_curve(args.curve), args.window):
+            span = f"{row['from']:>9,}-{row['to']:<9,}"
+            print(f"{span} mean return {row['mean_return']:7.2f} ({row['episodes']} episodes)")
+        return 0
     result: dict[str, Any] = {}
     if args.only in (None, "warren"):
         result["warren"] = distributed(args.seconds)

@@ -168,3 +168,12 @@ def test_a_run_against_sb3_that_missed_the_stop_value_keeps_its_stderr_and_one_t
 
     assert (missed["reached"], missed["stderr"], missed["exit_code"]) == (False, "boom", 3)
     assert (reached["reached"], reached["stderr"], reached["seconds"]) == (True, "", 4.5)
+
+
+def test_the_pong_return_curve_is_averaged_per_window_weighted_by_episodes() -> None:
+    from benchmarks.pixel_train import windows
+
+    # tasks ending at 10k (2 episodes of -21), 40k (1 of -18) and 60k (3 of -19)
+    rows = windows([(10_000, -21.0, 2), (40_000, -18.0, 1), (60_000, -19.0, 3)], 50_000)
+    assert [(r["from"], r["episodes"]) for r in rows] == [(0, 3), (50_000, 3)]
+    assert rows[0]["mean_return"] == -20.0 and rows[1]["mean_return"] == -19.0
