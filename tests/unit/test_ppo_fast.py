@@ -132,3 +132,18 @@ def test_a_checkpoint_with_a_tensor_of_the_wrong_shape_is_refused_and_the_learne
         target.load_state_dict(state, version=3)
     for name, tensor in target.net.state_dict().items():
         torch.testing.assert_close(tensor, before[name], msg=name)
+
+
+def test_an_update_on_read_only_chunk_arrays_raises_no_warning() -> None:
+    import warnings
+
+    spaces, model = flat_spaces(), {"hidden_sizes": [8], "activation": "tanh"}
+    target = learner(spaces, "numpy", model, batch_steps=16)
+    layout = ChunkLayout.of(spaces, {"logp": Column(()), "value": Column(())})
+    fields = chunk_fields(layout, spaces, 16, 1)
+    for array in fields.values():
+        array.flags.writeable = False  # as a chunk read from a step file is
+    target.add(read_chunk(fields, layout, spaces, policy_version=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns about tensors over read-only memory
+        target.update()

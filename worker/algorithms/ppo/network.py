@@ -101,8 +101,8 @@ class ActorCritic(nn.Module):
     def inputs(self, obs: Obs | Any) -> Any:
         """Numpy observations (or tensors) as the bodies' input, normalised where configured."""
         if isinstance(obs, dict):
-            return {k: torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for k, v in obs.items()}
-        x = obs if isinstance(obs, torch.Tensor) else torch.as_tensor(np.asarray(obs))
+            return {k: v if isinstance(v, torch.Tensor) else _tensor(v) for k, v in obs.items()}
+        x = obs if isinstance(obs, torch.Tensor) else _tensor(obs)
         return self.obs_norm(x) if self.obs_norm is not None else x
 
     def policy(self, x: Any) -> Policy:
@@ -120,3 +120,9 @@ class ActorCritic(nn.Module):
         features = self.pi_body(x)
         policy = Policy(self.action_space, self.pi_head(features), self.log_std)
         return policy, self.vf_head(features).squeeze(-1)
+
+
+def _tensor(array: Any) -> torch.Tensor:
+    """``array`` as a tensor; a read-only one (a chunk's columns are) is copied, which torch needs to not warn."""
+    values = np.asarray(array)
+    return torch.as_tensor(values if values.flags.writeable else values.copy())
