@@ -1,4 +1,4 @@
-"""Replay for frame-stack observations with each frame stored once (Atari DQN: ~7.3 KB a transition, not 56 KB).
+"""Replay for frame-stack observations with each frame stored once (Atari DQN: ~8 KB a transition, not 56 KB).
 
 A transition of stacked frames holds ``obs`` and ``next_obs``, ``2 x K`` frames of which
 only one is new: storing both stacks as they are keeps every frame ``2 x K`` times. Here
@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.plugins.contract import Chunk
-from worker.rl.replay import Columns, ReplayBuffer
+from worker.rl.replay import Columns, ReplayBuffer, transitions
 
 __all__ = ["FRAMES_PER_TRANSITION", "FrameReplay", "frame_replay_bytes_per_transition"]
 
@@ -128,23 +128,11 @@ class FrameReplay:
 
     @staticmethod
     def _columns(chunk: Chunk, seq: npt.NDArray[np.int64]) -> Columns:
-        valid = chunk.valid.reshape(-1)
-        steps = chunk.steps
-
-        def flat(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-            return array.reshape(-1, *array.shape[2:])[valid]
-
-        obs_seq, next_seq = flat(seq[:steps]), flat(seq[1:])
-        out: Columns = {
-            "obs_seq": obs_seq,
-            "next_obs_seq": next_seq,
-            "oldest_seq": np.minimum(obs_seq.min(axis=1), next_seq.min(axis=1)),
-            "action": flat(chunk.action),
-            "reward": flat(chunk.reward),
-            "done": flat(chunk.terminated),
-        }
-        for name, value in chunk.extras.items():
-            out[name] = flat(value)
+        """The chunk's transitions with frame numbers for observations (``obs_seq``, ``next_obs_seq``)."""
+        out = transitions(chunk, seq)
+        obs_seq, next_seq = out.pop("obs"), out.pop("next_obs")
+        out["obs_seq"], out["next_obs_seq"] = obs_seq, next_seq
+        out["oldest_seq"] = np.minimum(obs_seq.min(axis=1), next_seq.min(axis=1))
         return out
 
     # -- out -----------------------------------------------------------------------------

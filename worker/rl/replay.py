@@ -18,27 +18,33 @@ from worker.plugins.contract import Chunk
 Columns = dict[str, npt.NDArray[Any]]
 
 
-def transitions(chunk: Chunk) -> Columns:
+def transitions(chunk: Chunk, obs: Any = None) -> Columns:
     """A chunk's valid transitions as flat ``[k, ...]`` columns.
 
     ``obs`` and ``next_obs`` (``obs.<key>`` and ``next_obs.<key>`` for ``Dict`` spaces),
     ``action``, ``reward``, ``done`` (terminated: no bootstrap; a truncated step keeps
     its next observation as a bootstrap state), and the chunk's extras.
+
+    Args:
+        chunk: the chunk.
+        obs: ``[T + 1, N, ...]`` rows to use in place of ``chunk.obs`` (the frame numbers
+            :class:`~worker.rl.frame_replay.FrameReplay` keeps instead of frames).
     """
     valid = chunk.valid.reshape(-1)
     steps = chunk.steps
+    rows = chunk.obs if obs is None else obs
     out: Columns = {}
 
     def flat(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return array.reshape(-1, *array.shape[2:])[valid]
 
-    if isinstance(chunk.obs, dict):
-        for key, value in chunk.obs.items():
+    if isinstance(rows, dict):
+        for key, value in rows.items():
             out[f"obs.{key}"] = flat(value[:steps])
             out[f"next_obs.{key}"] = flat(value[1:])
     else:
-        out["obs"] = flat(chunk.obs[:steps])
-        out["next_obs"] = flat(chunk.obs[1:])
+        out["obs"] = flat(rows[:steps])
+        out["next_obs"] = flat(rows[1:])
     out["action"] = flat(chunk.action)
     out["reward"] = flat(chunk.reward)
     out["done"] = flat(chunk.terminated)
