@@ -205,7 +205,10 @@ class LearnerSection:
 
     def __post_init__(self) -> None:
         if not 0 <= self.torch_threads <= 1024:
-            raise ValueError(f"learner.torch_threads must be 0 (the process setting) to 1024, got {self.torch_threads}")
+            raise ValueError(
+                f"learner.torch_threads must be 0 (one, unless the learner process sets it) to 1024,"
+                f" got {self.torch_threads}"
+            )
 
 
 #: The sections of a job file, by name; ``[algorithm]`` and ``[model]`` are read apart.

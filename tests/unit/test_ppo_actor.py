@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.rl_builders import bound, flat_spaces
-from worker.algorithms.ppo.actor import NumpyPPOActor, PPOActor
+from worker.algorithms.ppo.actor import PPOActor
+from worker.algorithms.ppo.numpy_actor import NumpyPPOActor
 from worker.plugins import Spaces
 
 GAUSSIAN = Spaces(gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))

@@ -42,7 +42,10 @@ def test_sac_refuses_discrete_actions_before_anything_starts() -> None:
         JobConfig.from_dict({"env": {"id": "CartPole-v1"}, "algorithm": {"name": "sac"}})
 
 
-def test_weights_with_one_tensor_of_the_wrong_shape_are_refused_and_the_sac_actor_keeps_all_of_its_own() -> None:
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_weights_with_one_tensor_of_the_wrong_shape_are_refused_and_the_sac_actor_keeps_all_of_its_own(
+    backend: str,
+) -> None:
     import gymnasium as gym
     import numpy as np
 
@@ -50,11 +53,12 @@ def test_weights_with_one_tensor_of_the_wrong_shape_are_refused_and_the_sac_acto
     from worker.plugins import Spaces
 
     spaces = Spaces(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
-    algo = bound("sac", spaces, model={"hidden_sizes": [8, 8]})
+    algo = bound("sac", spaces, model={"hidden_sizes": [8, 8]}, backend=backend)
     actor = algo.make_actor(seed=0)
+    actor.load_weights(algo.policy_network(seed=1).state_dict())  # type: ignore[attr-defined]
     obs = np.random.default_rng(0).uniform(-1, 1, size=(5, 3)).astype(np.float32)
     before = actor.act(obs, explore=False, settings={})[0]
-    weights = {k: v.clone() + 1.0 for k, v in actor.policy.state_dict().items()}  # type: ignore[attr-defined]
+    weights = {k: v.clone() + 1.0 for k, v in algo.policy_network(seed=2).state_dict().items()}  # type: ignore[attr-defined]
     first = next(iter(weights))
     last = list(weights)[-1]
     weights[last] = torch.zeros(*weights[last].shape, 2)  # the last tensor does not fit; the first would

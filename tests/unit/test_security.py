@@ -303,7 +303,9 @@ def _is_true(node: ast.AST | None) -> bool:
 
 
 #: Loaders of weights that cannot run code: what the policy reader must call.
-SAFE_WEIGHT_LOADERS = frozenset({"safetensors.torch.load", "safetensors.torch.load_file", "safetensors.safe_open"})
+SAFE_WEIGHT_LOADERS = frozenset(
+    {"safetensors.torch.load", "safetensors.numpy.load", "safetensors.torch.load_file", "safetensors.safe_open"}
+)
 
 
 def unsafe_calls(tree: ast.AST) -> tuple[list[Finding], int]:

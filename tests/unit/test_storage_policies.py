@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -270,15 +271,29 @@ def test_files_that_are_not_warren_policies_are_corrupt(store: PolicyStore, body
         store.read("odd")
 
 
+@pytest.mark.parametrize("numpy", [False, True], ids=["as-torch", "as-numpy"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_a_policy_holding_nan_or_infinite_weights_is_corrupt(store: PolicyStore, bad: float) -> None:
+def test_a_policy_holding_nan_or_infinite_weights_is_corrupt(store: PolicyStore, bad: float, numpy: bool) -> None:
     # Given a learner that wrote a diverged policy (every check but the values passes)
     state = small_state(1.0)
     state["fc.bias"][2] = bad
     store.write("p", state, iter=5)
-    # Then a reader refuses it, naming the tensor, and keeps whatever it had
+    # Then a reader refuses it, naming the tensor, and keeps whatever it had (as torch tensors or numpy arrays)
     with pytest.raises(CorruptFile, match=r"tensor 'fc\.bias' holds NaN or infinite values"):
-        store.read("p")
+        store.read("p", numpy=numpy)
+
+
+def test_a_policy_read_as_numpy_holds_the_same_arrays_with_their_dtypes(store: PolicyStore) -> None:
+    state = {**small_state(1.5), "count": torch.tensor(3.0, dtype=torch.float64), "steps": torch.tensor([2**40, -3])}
+    store.write("p", state, iter=4)
+    as_numpy, as_torch = store.read("p", numpy=True), store.read("p")
+    assert as_numpy is not None and as_torch is not None and as_numpy.iter == 4
+    assert set(as_numpy.state_dict) == set(as_torch.state_dict)
+    for name, tensor in as_torch.state_dict.items():
+        array = as_numpy.state_dict[name]
+        assert isinstance(array, np.ndarray), name
+        assert str(array.dtype) == str(tensor.dtype).removeprefix("torch."), name
+        np.testing.assert_array_equal(array, tensor.numpy())
 
 
 def test_integer_tensors_are_not_checked_for_nan(store: PolicyStore) -> None:

@@ -39,13 +39,15 @@ FINAL_INFO_WAIT_S = 5.0
 class FilePolicySource:
     """Reads the newest policy file, and only when it changed since the last read."""
 
-    def __init__(self, store: PolicyStore, name: str) -> None:
+    def __init__(self, store: PolicyStore, name: str, *, numpy: bool = False) -> None:
         self.store = store
         self.name = name
+        self.numpy = numpy
+        """Load the arrays as numpy arrays (the actor's ``weights_format`` is numpy): no torch import."""
         self._stamp: FileStamp | None = None
 
     def read(self) -> PolicySnapshot | None:
-        snapshot, self._stamp = self.store.read_if_changed(self.name, self._stamp)
+        snapshot, self._stamp = self.store.read_if_changed(self.name, self._stamp, numpy=self.numpy)
         return snapshot
 
 
@@ -180,7 +182,8 @@ class CollectorRun:
         self._sink = sink
         source = None
         if start.cfg.policy_update_path is not None:
-            source = FilePolicySource(self._policies, start.cfg.policy_update_path)
+            numpy = self._algorithm.weights_format == "numpy"
+            source = FilePolicySource(self._policies, start.cfg.policy_update_path, numpy=numpy)
         self._rollout = Rollout(
             start.cfg, self._algorithm, self._envs, sink, source, stop=self.stop, policy_wait_s=self._policy_wait_s
         )

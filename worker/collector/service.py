@@ -18,9 +18,8 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
-
-import torch
 
 from messaging import BrokerLink, DecodeError, MessagingError, Names, Reply, Request, RpcServer, decode
 from worker.collector.run import CollectorRun
@@ -48,12 +47,21 @@ from worker.telemetry.collector import CollectorMetrics, collector_metrics, inst
 logger = logging.getLogger(__name__)
 
 
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, counted without torch: ``/dev/nvidia<N>``, narrowed by CUDA_VISIBLE_DEVICES."""
+    devices = sum(1 for path in Path("/dev").glob("nvidia*") if path.name[len("nvidia") :].isdigit())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return devices
+    return min(devices, len([part for part in visible.split(",") if part.strip() and part.strip() != "-1"]))
+
+
 def measured_resources(gpus: int) -> dict[str, int]:
     """What this process can really use: visible GPUs and the CPUs it may run on.
 
     Args:
-        gpus: the GPU count measured at start (it cannot change while a process runs, and
-            asking torch costs too much for the quick ``resource`` answer).
+        gpus: the GPU count measured at start (:func:`visible_gpus`; it cannot change while
+            a process runs).
     """
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -81,9 +89,8 @@ class CollectorWorker:
         self._lock = threading.Lock()
         self._run: CollectorRun | None = None
         self._envs: VecEnvBatch | None = None
-        # CUDA_VISIBLE_DEVICES is read once per process: measured once, `resource` only reads it.
-        self._gpus = int(torch.cuda.device_count())
-        limit_torch_threads(1)
+        # Counted once, `resource` only reads it; without torch (a numpy actor's collector never imports it).
+        self._gpus = visible_gpus()
         # Every plug-in this worker may run is imported now, once: a task can only choose among them.
         self.registry = PluginRegistry.discover(config.plugins, config.env_packages)
         self._inventory = self.registry.inventory()
@@ -277,6 +284,9 @@ class CollectorWorker:
             raise Refusal.MISSING_PLUGIN.error(message, worker_id=worker, **exc.result) from None
         except UnsupportedSpace as exc:
             raise Refusal.UNSUPPORTED_ENV.error(exc.message) from None
+        if algorithm.kind != "none" and algorithm.weights_format == "torch":
+            # Its actor runs torch: capped before it is built, so that it leaves the learner the cores.
+            limit_torch_threads(1)
         return algorithm, envs
 
     def _bind(self, spec: CollectorSpec, env_spaces: Spaces) -> Algorithm:

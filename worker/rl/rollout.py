@@ -32,7 +32,7 @@ from worker.storage.policies import PolicySnapshot
 logger = logging.getLogger(__name__)
 
 #: Seconds between two reads of a policy source that has no policy yet.
-POLICY_POLL_S = 0.5
+POLICY_POLL_S = 0.05
 
 
 #: A chunk older than this is shipped even if not full: with a slow env or a paced

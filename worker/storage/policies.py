@@ -24,8 +24,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
 from filelock import FileLock, Timeout
 
 from worker.errors import CorruptFile, StorageError, UnsafePath
@@ -59,9 +60,9 @@ _MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PolicySnapshot:
-    """One policy as loaded: CPU tensors keyed like ``Module.state_dict()``, its version, its header."""
+    """One policy as loaded: CPU tensors (or numpy arrays) keyed as ``Module.state_dict()``, its version, its header."""
 
-    state_dict: dict[str, torch.Tensor]
+    state_dict: dict[str, Any]
     iter: int
     """The policy version (the learner's update count) that produced the weights."""
     meta: dict[str, str] = field(default_factory=dict)
@@ -159,8 +160,10 @@ class PolicyStore:
             raise
         return path
 
-    def read(self, name: str) -> PolicySnapshot | None:
+    def read(self, name: str, *, numpy: bool = False) -> PolicySnapshot | None:
         """Load policy ``name``, or return None if it has not been written yet.
+
+        ``numpy``: the arrays as numpy arrays (no torch import), else as torch tensors.
 
         Raises:
             UnsafePath: ``name`` is not acceptable (see :meth:`path`).
@@ -168,13 +171,13 @@ class PolicyStore:
             StorageError: the lock timed out or the file could not be read.
         """
         path = self.path(name)
-        loaded = self._load(path)
+        loaded = self._load(path, numpy)
         return None if loaded is None else loaded[0]
 
     def read_if_changed(
-        self, name: str, last_stamp: FileStamp | None
+        self, name: str, last_stamp: FileStamp | None, *, numpy: bool = False
     ) -> tuple[PolicySnapshot | None, FileStamp | None]:
-        """Load policy ``name`` only if it changed since ``last_stamp``.
+        """Load policy ``name`` only if it changed since ``last_stamp`` (``numpy``: as for :meth:`read`).
 
         Collectors poll every second or so; comparing (mtime, size, inode) costs one
         ``stat`` where a load costs a read and a copy of every tensor. Every publish is a rename of a new
@@ -197,7 +200,7 @@ class PolicyStore:
             return None, None
         if stamp == last_stamp:
             return None, last_stamp
-        loaded = self._load(path)
+        loaded = self._load(path, numpy)
         if loaded is None:  # removed between the stat and the load
             return None, None
         return loaded
@@ -236,7 +239,7 @@ class PolicyStore:
             raise StorageError(f"policy {name!r} is {len(body)} bytes, over the limit of {self._max_file_bytes}")
         return body
 
-    def _load(self, path: Path) -> tuple[PolicySnapshot, FileStamp] | None:
+    def _load(self, path: Path, numpy: bool) -> tuple[PolicySnapshot, FileStamp] | None:
         # Only the read of the bytes happens under the lock; decoding them does not
         # need it and would keep the learner waiting.
         if stat_stamp(path) is None:
@@ -246,7 +249,7 @@ class PolicyStore:
         if found is None:
             return None
         body, stamp = found
-        return _parse_policy(path, body), stamp
+        return _parse_policy(path, body, numpy), stamp
 
     @contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
@@ -288,9 +291,8 @@ def _check_iter(iter: int) -> int:
     return iter
 
 
-def _parse_policy(path: Path, body: bytes) -> PolicySnapshot:
+def _parse_policy(path: Path, body: bytes, numpy: bool) -> PolicySnapshot:
     from safetensors import SafetensorError
-    from safetensors.torch import load
 
     where = f"policy file {str(path)!r}"
     meta = _header_metadata(where, body)
@@ -303,13 +305,31 @@ def _parse_policy(path: Path, body: bytes) -> PolicySnapshot:
     if not version.isdigit() or int(version) >= 2**63:
         raise CorruptFile(f"{where} has policy_version {version!r}, not an integer in 0..2**63-1")
     try:
-        tensors = load(body)
+        tensors = _load_numpy(body) if numpy else _load_torch(body)
     except SafetensorError as exc:
         raise CorruptFile(f"{where} is not a valid safetensors file ({str(exc)[:_MAX_REASON_CHARS]})") from None
     for key, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+        if not _finite(tensor):
             raise CorruptFile(f"{where}: tensor {key!r} holds NaN or infinite values")
     return PolicySnapshot(state_dict=dict(tensors), iter=int(version), meta=meta)
+
+
+def _load_torch(body: bytes) -> dict[str, Any]:
+    from safetensors.torch import load as load_tensors
+
+    return load_tensors(body)
+
+
+def _load_numpy(body: bytes) -> dict[str, Any]:
+    from safetensors.numpy import load as load_arrays
+
+    return load_arrays(body)
+
+
+def _finite(tensor: Any) -> bool:
+    if isinstance(tensor, np.ndarray):
+        return tensor.dtype.kind != "f" or bool(np.isfinite(tensor).all())
+    return not tensor.is_floating_point() or bool(tensor.isfinite().all())
 
 
 def _header_metadata(where: str, body: bytes) -> dict[str, str]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 
 from worker.algorithms.dqn.config import DQNConfig, epsilon_at
 from worker.errors import TaskError
+from worker.models.mlp_layout import Shapes, mlp_layout
 from worker.plugins.contract import Actor, Algorithm, Learner, Model, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space, leaf_layout
 from worker.protocol.checks import check_float
@@ -83,9 +84,29 @@ class DQN(Algorithm):
         return int(self.spaces.action.n)  # type: ignore[attr-defined]
 
     def make_actor(self, seed: int | None) -> Actor:
-        from worker.algorithms.dqn.actor import make_actor
+        """The numpy actor where it runs the network exactly (no torch on the collector), else the torch one."""
+        shapes = self.numpy_layout()
+        if shapes is not None:
+            from worker.algorithms.dqn.numpy_actor import NumpyQActor
 
-        return make_actor(self, seed)
+            return NumpyQActor(shapes, seed)
+        from worker.algorithms.dqn.actor import TorchQActor
+
+        return TorchQActor(self.q_network(), seed)
+
+    @property
+    def weights_format(self) -> Literal["torch", "numpy"]:
+        return "numpy" if self.numpy_layout() is not None else "torch"
+
+    def numpy_layout(self) -> Shapes | None:
+        """The Q-network's tensor shapes by name where numpy runs it (a ReLU mlp on one float Box), else ``None``."""
+        if self.config.backend == "torch":
+            return None
+        mlp = mlp_layout(self.model, self.spaces.observation, activations=("relu",))
+        if mlp is None:
+            return None
+        n_actions = int(self.spaces.action.n)  # type: ignore[attr-defined]
+        return {**mlp.shapes("encoder."), "head.weight": (n_actions, mlp.out_dim), "head.bias": (n_actions,)}
 
     def make_learner(self, seed: int) -> Learner:
         from worker.algorithms.dqn.learner import DQNLearner

@@ -14,7 +14,7 @@ corrects what lag remains with V-trace's truncated importance weights.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 
@@ -49,9 +49,27 @@ class PPO(Algorithm):
         return self.config.max_lag
 
     def make_actor(self, seed: int | None) -> Actor:
-        from worker.algorithms.ppo.actor import make_actor
+        """The numpy actor where it runs the network exactly (no torch on the collector), else the torch one."""
+        layout = self.numpy_layout()
+        if layout is not None:
+            from worker.algorithms.ppo.numpy_actor import NumpyPPOActor
 
-        return make_actor(self, seed)
+            return NumpyPPOActor(layout, seed)
+        from worker.algorithms.ppo.actor import PPOActor
+
+        return PPOActor(self.network(), seed)
+
+    @property
+    def weights_format(self) -> Literal["torch", "numpy"]:
+        return "numpy" if self.numpy_layout() is not None else "torch"
+
+    def numpy_layout(self) -> Any:
+        """The network's :class:`~worker.algorithms.ppo.numpy_net.PPOLayout` where numpy runs it, else ``None``."""
+        if self.config.backend == "torch":
+            return None
+        from worker.algorithms.ppo.numpy_net import PPOLayout
+
+        return PPOLayout.of_algorithm(self)
 
     def make_learner(self, seed: int) -> Learner:
         from worker.algorithms.ppo.learner import PPOLearner

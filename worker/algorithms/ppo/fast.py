@@ -35,10 +35,11 @@ from torch import nn
 
 from worker.algorithms.ppo.config import PPOConfig
 from worker.algorithms.ppo.network import ActorCritic
+from worker.algorithms.ppo.numpy_net import NumpyActorCritic, PPOLayout, gaussian_logp, log_softmax
 from worker.models.mlp_encoder import MLPEncoder
 from worker.rl.flat_adam import FlatAdam, clip_global_norm
 
-__all__ = ["MinibatchArrays", "NumpyActorCritic", "NumpyPPOStep", "gaussian_logp", "log_softmax", "supports"]
+__all__ = ["MinibatchArrays", "NumpyPPOStep", "layout_of", "load_from", "supports", "write_to"]
 
 F32 = npt.NDArray[np.float32]
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -57,6 +58,41 @@ def supports(net: ActorCritic) -> str | None:
     if not isinstance(net.action_space, gym.spaces.Discrete | gym.spaces.Box):
         return f"the action space is {type(net.action_space).__name__}, not Discrete or Box"
     return None
+
+
+def layout_of(net: ActorCritic) -> PPOLayout:
+    """``net``'s layout, read from the network itself (:func:`supports` must accept it).
+
+    :meth:`PPOLayout.of_algorithm` derives the same without torch; the tests hold the two equal.
+    """
+    shapes = {name: tuple(p.shape) for name, p in net.named_parameters()}
+    buffers = {f"obs_norm.{k}": tuple(v.shape) for k, v in net.obs_norm.state_dict().items()} if net.obs_norm else {}
+
+    def linear(prefix: str, body: nn.Module) -> tuple[str, ...]:
+        return tuple(f"{prefix}.{n}" for n, m in body.named_modules() if isinstance(m, nn.Linear))
+
+    action = net.action_space
+    return PPOLayout(
+        params=shapes,
+        buffers=buffers,
+        pi_body=linear("pi_body", net.pi_body),
+        vf_body=None if net.vf_body is None else linear("vf_body", net.vf_body),
+        tanh=net.pi_body.activation == "tanh",
+        discrete=isinstance(action, gym.spaces.Discrete),
+        action_start=int(action.start) if isinstance(action, gym.spaces.Discrete) else 0,
+    )
+
+
+def load_from(model: NumpyActorCritic, net: ActorCritic) -> None:
+    """Copy ``net``'s parameters into ``model``."""
+    model.load({name: param.detach().cpu() for name, param in net.named_parameters()})
+
+
+def write_to(model: NumpyActorCritic, net: ActorCritic) -> None:
+    """Copy ``model``'s parameters into ``net`` (its buffers, the observation statistics, are left alone)."""
+    with torch.no_grad():
+        for name, param in net.named_parameters():
+            param.copy_(torch.from_numpy(model.views[name]))
 
 
 @dataclass
@@ -82,118 +118,6 @@ class MinibatchArrays:
         )
 
 
-class _Body:
-    """Views of one MLP body's weights and gradients, and its activations from the last forward pass."""
-
-    def __init__(self, weights: list[tuple[F32, F32]], grads: list[tuple[F32, F32]], tanh: bool) -> None:
-        self.weights, self.grads, self.tanh = weights, grads, tanh
-        self.inputs: list[F32] = []
-        self.outputs: list[F32] = []
-
-    def forward(self, x: F32) -> F32:
-        self.inputs, self.outputs = [], []
-        h = x
-        for weight, bias in self.weights:
-            self.inputs.append(h)
-            h = h @ weight.T
-            h += bias
-            if self.tanh:
-                np.tanh(h, out=h)
-            else:
-                np.maximum(h, np.float32(0.0), out=h)
-            self.outputs.append(h)
-        return h
-
-    def backward(self, grad_out: F32) -> None:
-        """Accumulate the weights' gradients from dLoss/d(body output)."""
-        for i in range(len(self.weights) - 1, -1, -1):
-            out = self.outputs[i]
-            # tanh' = 1 - tanh^2; ReLU passes the gradient where the unit was active
-            grad_pre = grad_out * (np.float32(1.0) - out * out) if self.tanh else grad_out * (out > 0.0)
-            grad_w, grad_b = self.grads[i]
-            grad_w += grad_pre.T @ self.inputs[i]
-            grad_b += grad_pre.sum(axis=0)
-            if i > 0:
-                grad_out = grad_pre @ self.weights[i][0]
-
-
-class NumpyActorCritic:
-    """An :class:`ActorCritic`'s parameters as views of one flat float32 vector, and its forward pass in numpy.
-
-    Shared by the numpy minibatch step (which adds the backward pass) and the numpy actor.
-
-    Raises:
-        ValueError: :func:`supports` refuses the network.
-    """
-
-    def __init__(self, net: ActorCritic) -> None:
-        why = supports(net)
-        if why is not None:
-            raise ValueError(f"numpy cannot run this PPO network: {why}")
-        named = list(net.named_parameters())
-        self.names = [name for name, _ in named]
-        self.shapes = [tuple(p.shape) for _, p in named]
-        self.size = sum(math.prod(shape) for shape in self.shapes)
-        self.params = np.zeros(self.size, dtype=np.float32)
-        self.grad = np.zeros(self.size, dtype=np.float32)
-        self.views = self.split(self.params)
-        self.grads = self.split(self.grad)
-        tanh = net.pi_body.activation == "tanh"
-        self.pi_body = self._body("pi_body", net.pi_body, tanh)
-        self.vf_body = None if net.vf_body is None else self._body("vf_body", net.vf_body, tanh)
-        self.discrete = isinstance(net.action_space, gym.spaces.Discrete)
-        self.action_start = int(net.action_space.start) if isinstance(net.action_space, gym.spaces.Discrete) else 0
-        self.load_from(net)
-
-    def load_from(self, net: ActorCritic) -> None:
-        """Copy ``net``'s parameters in."""
-        for name, param in net.named_parameters():
-            self.views[name][...] = param.detach().cpu().numpy()
-
-    def write_to(self, net: ActorCritic) -> None:
-        """Copy the parameters into ``net`` (its buffers, the observation statistics, are left alone)."""
-        with torch.no_grad():
-            for name, param in net.named_parameters():
-                param.copy_(torch.from_numpy(self.views[name]))
-
-    def forward(self, obs: F32) -> tuple[F32, F32, F32, F32]:
-        """The policy head's output (logits or means), the values, and the two bodies' features (for backward)."""
-        features = self.pi_body.forward(obs)
-        out = features @ self.views["pi_head.weight"].T + self.views["pi_head.bias"]
-        vf_features = features if self.vf_body is None else self.vf_body.forward(obs)
-        values = (vf_features @ self.views["vf_head.weight"].T)[:, 0] + self.views["vf_head.bias"][0]
-        return out, values, features, vf_features
-
-    def split(self, flat: F32) -> dict[str, F32]:
-        """Views of ``flat`` per parameter name, shaped as the parameters."""
-        views: dict[str, F32] = {}
-        offset = 0
-        for name, shape in zip(self.names, self.shapes, strict=True):
-            size = math.prod(shape)
-            views[name] = flat[offset : offset + size].reshape(shape)
-            offset += size
-        return views
-
-    def _body(self, prefix: str, body: nn.Module, tanh: bool) -> _Body:
-        linear = [name for name, module in body.named_modules() if isinstance(module, nn.Linear)]
-        weights = [(self.views[f"{prefix}.{n}.weight"], self.views[f"{prefix}.{n}.bias"]) for n in linear]
-        grads = [(self.grads[f"{prefix}.{n}.weight"], self.grads[f"{prefix}.{n}.bias"]) for n in linear]
-        return _Body(weights, grads, tanh)
-
-
-def log_softmax(logits: F32) -> F32:
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    out: F32 = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    return out
-
-
-def gaussian_logp(actions: F32, means: F32, log_std: F32) -> F32:
-    """Log-density of a diagonal Gaussian, summed over the action's components (torch's ``Normal.log_prob``)."""
-    diff = actions - means
-    out: F32 = (-0.5 * diff * diff * np.exp(np.float32(-2.0) * log_std) - log_std - _HALF_LOG_2PI).sum(axis=1)
-    return out
-
-
 class NumpyPPOStep:
     """PPO's clipped-objective minibatch step (with value loss, entropy bonus, gradient clip, Adam) in numpy.
 
@@ -203,8 +127,12 @@ class NumpyPPOStep:
     """
 
     def __init__(self, config: PPOConfig, net: ActorCritic) -> None:
+        why = supports(net)
+        if why is not None:
+            raise ValueError(f"numpy cannot run this PPO network: {why}")
         self.config = config
-        self.model = NumpyActorCritic(net)
+        self.model = NumpyActorCritic(layout_of(net))
+        load_from(self.model, net)
         self.names = self.model.names
         self.adam = FlatAdam(self.model.size, eps=1e-5)  # as PPOLearner's torch optimizer
 
@@ -212,11 +140,11 @@ class NumpyPPOStep:
 
     def load_from(self, net: ActorCritic) -> None:
         """Copy ``net``'s parameters in (after a checkpoint was loaded into it)."""
-        self.model.load_from(net)
+        load_from(self.model, net)
 
     def write_to(self, net: ActorCritic) -> None:
         """Copy the parameters into ``net``."""
-        self.model.write_to(net)
+        write_to(self.model, net)
 
     def adam_state(self) -> dict[str, F32]:
         """Adam's moments per parameter name (copies), for a checkpoint."""

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from worker.algorithms.ppo.distributions import Policy, dist_params
+from worker.algorithms.ppo.numpy_net import OBS_CLIP
 from worker.plugins.contract import Obs
 
 if TYPE_CHECKING:
     from worker.algorithms.ppo import PPO
 
-#: Normalised observations are clipped to this many standard deviations.
-OBS_CLIP = 10.0
+__all__ = ["OBS_CLIP", "ActorCritic", "RunningNorm"]
 
 
 class RunningNorm(nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from worker.protocol.checks import MAX_COUNT, check_bool, check_float, check_int
 
@@ -30,6 +31,10 @@ class SACConfig:
     """The entropy the temperature aims at; 0 means the usual ``-action_dim``."""
     max_grad_norm: float = 0.0
     """Global gradient-norm clip of each network (0: none)."""
+    backend: Literal["auto", "torch", "numpy"] = "auto"
+    """The train step's implementation: ``numpy`` (the same math written out, several times
+    faster on small MLPs, where torch's per-op dispatch dominates; only for the ``mlp`` model
+    with ReLU on one flat float ``Box``), ``torch`` (any model), or ``auto`` (numpy where it can)."""
 
     def __post_init__(self) -> None:
         p = "algorithm"
@@ -51,3 +56,5 @@ class SACConfig:
             value = check_float(getattr(self, name), f"{p}.{name}", flo, fhi, lo_open=lo_open)
             object.__setattr__(self, name, value)
         object.__setattr__(self, "auto_alpha", check_bool(self.auto_alpha, f"{p}.auto_alpha"))
+        if self.backend not in ("auto", "torch", "numpy"):
+            raise ValueError(f"{p}.backend must be auto, torch or numpy, got {self.backend!r}")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 
 from worker.algorithms.sac.config import SACConfig
+from worker.algorithms.sac.fast import NumpySACStep, supports
 from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ, as_inputs, seeded
 from worker.algorithms.weights import check_fits
 from worker.rl.chunks import is_frame_stack
@@ -61,13 +62,59 @@ class SACLearner(ReplayLearner):
             seed,
             frame_stack=is_frame_stack(algorithm.spaces.observation),
         )
+        self.action_dim = dim
+        self.noise = np.random.default_rng(seed + 2)
+        """The reparameterised samples' standard normal draws."""
         self.version = 0
+        why_not = supports(self.policy, self.critics)
+        if cfg.backend == "numpy" and why_not is not None:
+            raise ValueError(f"algorithm.backend = 'numpy' cannot run this job: {why_not}")
+        self.fast = (
+            NumpySACStep(
+                cfg,
+                self.policy,
+                self.critics,
+                self.targets,
+                log_alpha=float(self.log_alpha.detach()),
+                target_entropy=self.target_entropy,
+            )
+            if why_not is None and cfg.backend != "torch"
+            else None
+        )
+        """The numpy train step, where it can run the networks; it then owns the parameters,
+        Adam's moments and the temperature, and copies them into the torch networks when
+        weights are asked for (:meth:`_sync`)."""
+        self._stale = False
+
+    def _sync(self) -> None:
+        """Bring the torch networks (and log alpha) up to the numpy step's parameters."""
+        if self.fast is not None and self._stale:
+            self.fast.write_to(self.policy, self.critics, self.targets)
+            with torch.no_grad():
+                self.log_alpha.fill_(float(self.fast.log_alpha[0]))
+            self._stale = False
 
     # -- the train step -----------------------------------------------------------------
 
     def update(self) -> dict[str, float]:
+        batch = self.feed.sample(self.config.batch_size)
+        shape = (len(batch["reward"]), self.action_dim)
+        # Drawn here, not in either step: both backends then see the same noise for one seed.
+        next_noise = self.noise.standard_normal(shape, dtype=np.float32)
+        noise = self.noise.standard_normal(shape, dtype=np.float32)
+        if self.fast is not None:
+            metrics = self.fast.update(batch, next_noise, noise)
+            self._stale = True
+        else:
+            metrics = self._torch_update(batch, next_noise, noise)
+        self.version += 1
+        return metrics
+
+    def _torch_update(
+        self, batch: Mapping[str, np.ndarray[Any, Any]], next_noise: np.ndarray[Any, Any], noise: np.ndarray[Any, Any]
+    ) -> dict[str, float]:
+        """The reference step (any model); :class:`NumpySACStep` is held to it."""
         cfg = self.config
-        batch = self.feed.sample(cfg.batch_size)
         obs, next_obs = as_inputs(regroup(batch, "obs")), as_inputs(regroup(batch, "next_obs"))
         action = self.policy.from_env(torch.from_numpy(batch["action"]).float())
         reward = torch.from_numpy(batch["reward"]).float()
@@ -75,14 +122,14 @@ class SACLearner(ReplayLearner):
         alpha = self.log_alpha.exp().detach()
 
         with torch.no_grad():
-            next_action, next_logp = self.policy.sample(next_obs)
+            next_action, next_logp = self.policy.sample(next_obs, torch.from_numpy(next_noise))
             t1, t2 = self.targets(next_obs, next_action)
             target = reward + cfg.discount * not_done * (torch.minimum(t1, t2) - alpha * next_logp)
         q1, q2 = self.critics(obs, action)
         critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
         self._step(self.critic_opt, critic_loss, self.critics.parameters())
 
-        new_action, logp = self.policy.sample(obs)
+        new_action, logp = self.policy.sample(obs, torch.from_numpy(noise))
         n1, n2 = self.critics(obs, new_action)
         policy_loss = (alpha * logp - torch.minimum(n1, n2)).mean()
         self._step(self.policy_opt, policy_loss, self.policy.parameters())
@@ -93,7 +140,6 @@ class SACLearner(ReplayLearner):
 
         with torch.no_grad():
             torch._foreach_lerp_(self._target_params, self._critic_params, cfg.tau)
-        self.version += 1
         return {
             "critic_loss": float(critic_loss.detach()),
             "policy_loss": float(policy_loss.detach()),
@@ -112,9 +158,11 @@ class SACLearner(ReplayLearner):
     # -- weights ------------------------------------------------------------------------
 
     def actor_weights(self) -> dict[str, torch.Tensor]:
+        self._sync()
         return {name: t.detach().cpu().clone() for name, t in self.policy.state_dict().items()}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        self._sync()
         out = {f"policy.{k}": v for k, v in self.actor_weights().items()}
         out.update({f"critics.{k}": v.detach().clone() for k, v in self.critics.state_dict().items()})
         out.update({f"targets.{k}": v.detach().clone() for k, v in self.targets.state_dict().items()})
@@ -137,4 +185,7 @@ class SACLearner(ReplayLearner):
         if "log_alpha" in tensors:
             with torch.no_grad():
                 self.log_alpha.copy_(tensors["log_alpha"])
+        if self.fast is not None:
+            self.fast.load_from(self.policy, self.critics, self.targets, float(self.log_alpha.detach()))
+            self._stale = False
         self.version = version

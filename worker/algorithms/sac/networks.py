@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 from torch import nn
 
+from worker.algorithms.sac.numpy_actor import LOG_STD_MAX, LOG_STD_MIN
 from worker.algorithms.weights import check_fits
 from worker.plugins.contract import Actor, Model, Obs
 from worker.plugins.spaces import Spaces
 
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 _M = TypeVar("_M", bound=nn.Module)
 
 
@@ -77,10 +77,14 @@ class SquashedGaussianPolicy(nn.Module):
         log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
         return torch.distributions.Normal(self.mean(h), log_std.exp())
 
-    def sample(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised actions in [-1, 1] and their log-probabilities (``[B, d]``, ``[B]``)."""
+    def sample(self, x: Any, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised actions in [-1, 1] and their log-probabilities (``[B, d]``, ``[B]``).
+
+        ``noise``: the standard normal draws of ``mean + std * noise`` (the learner draws its own,
+        so that its torch and numpy steps can be given the same); ``None``: torch's RNG.
+        """
         normal = self._normal(x)
-        raw = normal.rsample()
+        raw = normal.rsample() if noise is None else normal.loc + normal.scale * noise
         return torch.tanh(raw), squashed_log_prob(normal, raw)
 
     def mode(self, x: Any) -> torch.Tensor:

@@ -1,0 +1,107 @@
+"""The numpy actors' layouts are their torch networks' ``state_dict``s; a collector running one never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from tests.rl_builders import bound, flat_spaces
+from worker.algorithms.ppo.fast import layout_of
+from worker.algorithms.ppo.numpy_net import PPOLayout
+from worker.plugins import Spaces
+
+BOX = Spaces(gym.spaces.Box(-np.inf, np.inf, (2, 3), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+SHIFTED = Spaces(gym.spaces.Box(-np.inf, np.inf, (5,), np.float32), gym.spaces.Discrete(3, start=-1))
+
+
+def shapes(state: Any) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(tensor.shape)) for name, tensor in state.items()]
+
+
+@pytest.mark.parametrize(
+    "spaces, model, config",
+    [
+        (flat_spaces(), {"hidden_sizes": [16, 8], "activation": "tanh"}, {}),
+        (SHIFTED, {"hidden_sizes": [8], "activation": "relu"}, {"shared_body": True, "normalize_obs": True}),
+        (BOX, {"hidden_sizes": [4, 4, 4], "activation": "tanh"}, {"normalize_obs": True}),
+    ],
+)
+def test_the_ppo_layout_derived_without_torch_is_the_networks_own(
+    spaces: Spaces, model: dict[str, Any], config: dict[str, Any]
+) -> None:
+    algo = bound("ppo", spaces, model=model, **config)
+    net = algo.network(seed=0)  # type: ignore[attr-defined]
+    layout = PPOLayout.of_algorithm(algo)  # type: ignore[arg-type]
+    assert layout is not None
+    assert layout == layout_of(net)
+    assert list(layout.state_shapes.items()) == shapes(net.state_dict())
+
+
+@pytest.mark.parametrize("hidden", [[16, 8], [32], [4, 4, 4, 4]])
+def test_the_dqn_and_sac_layouts_are_their_networks_state_dicts_in_order(hidden: list[int]) -> None:
+    dqn = bound("dqn", flat_spaces(5, 3), model={"hidden_sizes": hidden})
+    assert list(dqn.numpy_layout().items()) == shapes(dqn.q_network(0).state_dict())  # type: ignore[attr-defined]
+    sac = bound("sac", BOX, model={"hidden_sizes": hidden})
+    assert list(sac.numpy_layout().items()) == shapes(sac.policy_network(0).state_dict())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "algorithm, spaces, model",
+    [
+        ("ppo", flat_spaces(), {"hidden_sizes": [8], "activation": "tanh"}),
+        ("dqn", flat_spaces(), {"hidden_sizes": [8]}),
+        ("sac", BOX, {"hidden_sizes": [8]}),
+    ],
+)
+def test_other_models_and_backend_torch_get_the_torch_actor(
+    algorithm: str, spaces: Spaces, model: dict[str, Any]
+) -> None:
+    numpy_algo = bound(algorithm, spaces, model=model)
+    assert numpy_algo.weights_format == "numpy"
+    assert bound(algorithm, spaces, model=model, backend="torch").weights_format == "torch"
+    image = Spaces(gym.spaces.Box(0, 255, (3, 8, 8), np.uint8), spaces.action)
+    assert bound(algorithm, image, model=model).weights_format == "torch"
+
+
+def test_a_collector_acting_with_a_numpy_actor_reads_its_policy_file_without_importing_torch(tmp_path: Path) -> None:
+    # Given a policy file written by a learner (here, by this process, which has torch)
+    from worker.storage import PolicyStore
+
+    algo = bound("ppo", flat_spaces(), model={"hidden_sizes": [8], "activation": "tanh"})
+    PolicyStore(tmp_path).write("policy_main", algo.network(seed=0).state_dict(), iter=3)  # type: ignore[attr-defined]
+    # When a fresh process with the collector's modules builds the actor, reads the file and acts
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import numpy as np
+        import worker.collector.service  # everything a collector imports
+        from worker.collector.run import FilePolicySource
+        from worker.storage import PolicyStore
+        from tests.rl_builders import bound, flat_spaces
+        algo = bound("ppo", flat_spaces(), model={{"hidden_sizes": [8], "activation": "tanh"}})
+        actor = algo.make_actor(seed=0)
+        snapshot = FilePolicySource(PolicyStore({str(tmp_path)!r}), "policy_main", numpy=True).read()
+        actor.load_weights(snapshot.state_dict)
+        actions, extras = actor.act(np.zeros((4, 4), np.float32), explore=True, settings={{}})
+        kind = type(snapshot.state_dict["pi_head.weight"]).__name__
+        print(snapshot.iter, kind, actions.shape, "torch" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).parents[2],
+    )
+    assert out.returncode == 0, out.stderr
+    # Then it got the learner's arrays as numpy, acted, and torch was never imported
+    assert out.stdout.split() == ["3", "ndarray", "(4,)", "False"]
