@@ -65,9 +65,11 @@ def test_other_models_and_backend_torch_get_the_torch_actor(
 ) -> None:
     numpy_algo = bound(algorithm, spaces, model=model)
     assert numpy_algo.weights_format == "numpy"
-    assert bound(algorithm, spaces, model=model, backend="torch").weights_format == "torch"
+    assert type(numpy_algo.make_actor(0)).__module__.endswith(".numpy_actor")
     image = Spaces(gym.spaces.Box(0, 255, (3, 8, 8), np.uint8), spaces.action)
-    assert bound(algorithm, image, model=model).weights_format == "torch"
+    for other in (bound(algorithm, spaces, model=model, backend="torch"), bound(algorithm, image, model=model)):
+        assert other.weights_format == "torch"
+        assert type(other.make_actor(0)).__module__.endswith((".actor", ".networks"))
 
 
 def test_a_collector_acting_with_a_numpy_actor_reads_its_policy_file_without_importing_torch(tmp_path: Path) -> None:
@@ -105,3 +107,56 @@ def test_a_collector_acting_with_a_numpy_actor_reads_its_policy_file_without_imp
     assert out.returncode == 0, out.stderr
     # Then it got the learner's arrays as numpy, acted, and torch was never imported
     assert out.stdout.split() == ["3", "ndarray", "(4,)", "False"]
+
+
+def test_a_torch_network_refuses_numpy_arrays_while_a_numpy_actor_takes_both() -> None:
+    import torch
+
+    from worker.algorithms.weights import check_fits
+
+    expected = {"w": torch.zeros(2, 3)}
+    with pytest.raises(ValueError, match=r"'w' is ndarray, needs \(2, 3\)"):
+        check_fits(expected, {"w": np.zeros((2, 3), np.float32)}, "the weights", "the net")
+    check_fits({"w": (2, 3)}, {"w": np.zeros((2, 3), np.float32)}, "the weights", "the net")
+    check_fits({"w": (2, 3)}, {"w": torch.zeros(2, 3)}, "the weights", "the net")
+
+
+def test_a_ppo_numpy_actor_given_an_array_it_cannot_read_keeps_all_of_its_weights() -> None:
+    import torch
+
+    algo = bound("ppo", flat_spaces(), model={"hidden_sizes": [8], "activation": "tanh"}, normalize_obs=True)
+    actor = algo.make_actor(seed=0)
+    good = algo.network(seed=1).state_dict()  # type: ignore[attr-defined]
+    actor.load_weights(good)
+    obs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    before = actor.act(obs, explore=False, settings={})[1]["value"]
+    # A tensor that still requires grad cannot become a numpy array; it comes last, after others that could
+    bad = {k: v + 1.0 for k, v in good.items()}
+    bad["vf_head.bias"] = torch.zeros(1, requires_grad=True)
+    with pytest.raises(ValueError, match="do not fit the PPO actor-critic"):
+        actor.load_weights(bad)
+    np.testing.assert_array_equal(actor.act(obs, explore=False, settings={})[1]["value"], before)
+
+
+@pytest.mark.parametrize(
+    "devices, visible, expected",
+    [
+        (["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"], None, 2),
+        (["nvidia0", "nvidia1"], "1", 1),
+        (["nvidia0", "nvidia1"], "0,-1,1", 1),
+        (["nvidia0", "nvidia1"], "", 0),
+        ([], "0,1", 0),
+    ],
+)
+def test_the_collector_counts_gpus_from_the_devices_and_cuda_visible_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, devices: list[str], visible: str | None, expected: int
+) -> None:
+    from worker.collector.service import visible_gpus
+
+    for name in devices:
+        (tmp_path / name).touch()
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert visible_gpus(tmp_path) == expected

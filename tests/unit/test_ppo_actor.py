@@ -91,6 +91,7 @@ def test_weights_with_one_tensor_of_the_wrong_shape_are_refused_and_the_actor_ke
 ) -> None:
     algo = bound("ppo", flat_spaces(), model=MLP, backend=backend)
     actor = algo.make_actor(seed=0)
+    actor.load_weights(algo.network(seed=4).state_dict())  # type: ignore[attr-defined]
     obs = obs_batch(flat_spaces(), 8)
     before = actor.act(obs, explore=False, settings={})[1]["value"]
     bad = {k: v.clone() + 1.0 for k, v in algo.network(seed=5).state_dict().items()}  # type: ignore[attr-defined]

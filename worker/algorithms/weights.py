@@ -31,6 +31,14 @@ def check_fits(expected: Mapping[str, Any], given: Mapping[str, Any], what: str,
         need = tuple(want) if isinstance(want, tuple) else tuple(want.shape)
         other = given[name]
         shape = getattr(other, "shape", None)
-        if shape is None or not hasattr(other, "dtype") or tuple(shape) != need:
-            found = tuple(shape) if shape is not None else type(other).__name__
+        # A torch network takes torch tensors only (load_state_dict would copy the tensors and
+        # then refuse an array); numpy actors take either.
+        wrong_kind = not isinstance(want, tuple) and _library(other) != _library(want)
+        if shape is None or not hasattr(other, "dtype") or wrong_kind or tuple(shape) != need:
+            found = tuple(shape) if shape is not None and not wrong_kind else type(other).__name__
             raise ValueError(f"{what} do not fit {network}: {name!r} is {found}, needs {need}")
+
+
+def _library(value: Any) -> str:
+    """The top-level package of ``value``'s type: ``torch``, ``numpy``..."""
+    return type(value).__module__.split(".", 1)[0]

@@ -47,17 +47,28 @@ from worker.telemetry.collector import CollectorMetrics, collector_metrics, inst
 logger = logging.getLogger(__name__)
 
 
-def visible_gpus() -> int:
-    """NVIDIA GPUs this process may use, counted without torch: ``/dev/nvidia<N>``, narrowed by CUDA_VISIBLE_DEVICES."""
-    devices = sum(1 for path in Path("/dev").glob("nvidia*") if path.name[len("nvidia") :].isdigit())
+def visible_gpus(dev: Path = Path("/dev")) -> int:
+    """NVIDIA GPUs this process may use, counted without importing torch.
+
+    The ``/dev/nvidia<N>`` devices, narrowed by ``CUDA_VISIBLE_DEVICES`` as CUDA reads it
+    (the entries up to the first that is not a device: ``-1``, an empty one). A count, not
+    a promise that CUDA works: the workers only report it (``resource``).
+    """
+    devices = sum(1 for path in dev.glob("nvidia*") if path.name[len("nvidia") :].isdigit())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return devices
-    return min(devices, len([part for part in visible.split(",") if part.strip() and part.strip() != "-1"]))
+    listed = 0
+    for part in visible.split(","):
+        entry = part.strip()
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        listed += 1
+    return min(devices, listed)
 
 
 def measured_resources(gpus: int) -> dict[str, int]:
-    """What this process can really use: visible GPUs and the CPUs it may run on.
+    """What this process can use: the GPUs it sees (:func:`visible_gpus`) and the CPUs it may run on.
 
     Args:
         gpus: the GPU count measured at start (:func:`visible_gpus`; it cannot change while

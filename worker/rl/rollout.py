@@ -196,8 +196,10 @@ class Rollout:
             except UnsafePath as exc:  # will not fix itself: fail the task
                 raise CollectorError(f"cannot read the policy: {exc.message}") from exc
             except StorageError as exc:
-                # Most likely caught the learner mid-write; the next read will do.
-                logger.warning("policy read failed, will retry: %s", exc.message)
+                # Most likely caught the learner mid-write; the next read will do. Once per
+                # distinct failure: a bad first file is read again every POLICY_POLL_S.
+                if exc.message != self._policy_error:
+                    logger.warning("policy read failed, will retry: %s", exc.message)
                 self._policy_error = exc.message
                 return None
 

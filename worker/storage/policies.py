@@ -179,9 +179,9 @@ class PolicyStore:
     ) -> tuple[PolicySnapshot | None, FileStamp | None]:
         """Load policy ``name`` only if it changed since ``last_stamp`` (``numpy``: as for :meth:`read`).
 
-        Collectors poll every second or so; comparing (mtime, size, inode) costs one
-        ``stat`` where a load costs a read and a copy of every tensor. Every publish is a rename of a new
-        file, so the inode alone changes on each write.
+        Collectors poll every ``update_policy_second`` (10 ms to a second); comparing
+        (mtime, size, inode) costs one ``stat`` where a load costs a read and a copy of every
+        tensor. Every publish is a rename of a new file, so the inode alone changes on each write.
 
         Args:
             name: the policy file name.
@@ -308,6 +308,8 @@ def _parse_policy(path: Path, body: bytes, numpy: bool) -> PolicySnapshot:
         tensors = _load_numpy(body) if numpy else _load_torch(body)
     except SafetensorError as exc:
         raise CorruptFile(f"{where} is not a valid safetensors file ({str(exc)[:_MAX_REASON_CHARS]})") from None
+    except (KeyError, TypeError, ValueError) as exc:  # safetensors' numpy loader on a dtype numpy lacks (bf16, f8)
+        raise CorruptFile(f"{where} holds tensors numpy cannot read ({str(exc)[:_MAX_REASON_CHARS]})") from None
     for key, tensor in tensors.items():
         if not _finite(tensor):
             raise CorruptFile(f"{where}: tensor {key!r} holds NaN or infinite values")

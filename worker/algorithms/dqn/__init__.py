@@ -1,8 +1,9 @@
 """Built-in DQN (double DQN, Huber loss, target network, replay) on the plug-in contract.
 
 This module is what the registry loads, and it stays light (no torch): the coordinator
-builds the algorithm to validate a job and to read its exploration schedule. The actor
-(:mod:`.actor`) and the learner (:mod:`.learner`) import torch when they are made.
+builds the algorithm to validate a job and to read its exploration schedule. The torch
+actor (:mod:`.actor`) and the learner (:mod:`.learner`) import torch when they are made;
+the numpy actor (:mod:`.numpy_actor`, ReLU MLP jobs) never does.
 """
 
 from __future__ import annotations

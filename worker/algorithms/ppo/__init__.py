@@ -1,8 +1,8 @@
 """Built-in PPO (clipped objective, GAE or V-trace, minibatch epochs) on the plug-in contract.
 
 Light on purpose (no torch): the coordinator builds the algorithm to check a job. The
-network, actor and learner (:mod:`.network`, :mod:`.actor`, :mod:`.learner`) import
-torch when they are made.
+network, torch actor and learner (:mod:`.network`, :mod:`.actor`, :mod:`.learner`) import
+torch when they are made; the numpy actor of MLP jobs (:mod:`.numpy_actor`) never does.
 
 On-policy in a distributed system means stale data: collectors keep acting while the
 learner updates. Every chunk carries the policy version that made it; the learner drops
@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 import gymnasium as gym
 
 from worker.algorithms.ppo.config import PPOConfig
+from worker.algorithms.ppo.numpy_net import PPOLayout
 from worker.plugins.contract import Actor, Algorithm, Column, Learner, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space
 
@@ -63,12 +64,10 @@ class PPO(Algorithm):
     def weights_format(self) -> Literal["torch", "numpy"]:
         return "numpy" if self.numpy_layout() is not None else "torch"
 
-    def numpy_layout(self) -> Any:
+    def numpy_layout(self) -> PPOLayout | None:
         """The network's :class:`~worker.algorithms.ppo.numpy_net.PPOLayout` where numpy runs it, else ``None``."""
         if self.config.backend == "torch":
             return None
-        from worker.algorithms.ppo.numpy_net import PPOLayout
-
         return PPOLayout.of_algorithm(self)
 
     def make_learner(self, seed: int) -> Learner:

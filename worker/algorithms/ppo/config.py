@@ -54,7 +54,8 @@ class PPOConfig:
     """The minibatch step's implementation: ``numpy`` (the same math written out, ~3x faster
     on small MLPs, where torch's per-op dispatch dominates; the ``mlp`` model on one float
     ``Box`` of observations, ``Discrete`` or ``Box`` actions), ``torch`` (any model), or
-    ``auto`` (numpy where it can)."""
+    ``auto`` (numpy where it can). It picks the collectors' actor too: ``torch`` gives them
+    the torch actor (and torch to import), otherwise MLP jobs act in numpy, without torch."""
 
     def __post_init__(self) -> None:
         p = "algorithm"

@@ -66,8 +66,13 @@ class NumpyPPOActor(Actor):
     def load_weights(self, weights: Mapping[str, Any]) -> None:
         """Take a policy's arrays (numpy, or torch tensors), strictly: all of them fit, or none is taken."""
         check_fits(self.layout.state_shapes, weights, "the weights", "the PPO actor-critic")
-        self.model.load(weights)
-        if self.layout.buffers:
-            mean = np.asarray(weights["obs_norm.mean"], dtype=np.float64).reshape(-1).copy()
-            var = np.asarray(weights["obs_norm.var"], dtype=np.float64).reshape(-1)
-            self._norm = mean, np.sqrt(var + 1e-8)
+        try:  # the statistics first: nothing is changed if any array cannot be read
+            norm = None
+            if self.layout.buffers:
+                mean = np.asarray(weights["obs_norm.mean"], dtype=np.float64).reshape(-1).copy()
+                var = np.asarray(weights["obs_norm.var"], dtype=np.float64).reshape(-1)
+                norm = mean, np.sqrt(var + 1e-8)
+            self.model.load(weights)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"the weights do not fit the PPO actor-critic: {exc}") from None
+        self._norm = norm

@@ -150,9 +150,13 @@ class NumpyActorCritic:
         self.action_start = layout.action_start
 
     def load(self, weights: Any) -> None:
-        """Copy the parameters of ``weights`` (a mapping of torch tensors or numpy arrays, already checked) in."""
-        for name in self.names:
-            self.views[name][...] = np.asarray(weights[name], dtype=np.float32)
+        """Copy the parameters of ``weights`` (a mapping of torch tensors or numpy arrays, already checked) in.
+
+        Every array is converted before any is copied: one that cannot be leaves the parameters as they were.
+        """
+        arrays = {name: np.asarray(weights[name], dtype=np.float32) for name in self.names}
+        for name, array in arrays.items():
+            self.views[name][...] = array
 
     def forward(self, obs: F32) -> tuple[F32, F32, F32, F32]:
         """The policy head's output (logits or means), the values, and the two bodies' features (for backward)."""

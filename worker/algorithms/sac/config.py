@@ -34,7 +34,9 @@ class SACConfig:
     backend: Literal["auto", "torch", "numpy"] = "auto"
     """The train step's implementation: ``numpy`` (the same math written out, several times
     faster on small MLPs, where torch's per-op dispatch dominates; only for the ``mlp`` model
-    with ReLU on one flat float ``Box``), ``torch`` (any model), or ``auto`` (numpy where it can)."""
+    with ReLU on one flat float ``Box``), ``torch`` (any model), or ``auto`` (numpy where it can).
+    It picks the collectors' actor too: ``torch`` gives them the torch actor (and torch to
+    import), otherwise ReLU MLP jobs act in numpy, without torch."""
 
     def __post_init__(self) -> None:
         p = "algorithm"

@@ -195,7 +195,11 @@ class _Critic:
 
 
 def _min_split(a: F32, b: F32) -> F32:
-    """The weight of ``a`` in d min(a, b): 1 where it is smaller, 0.5 at a tie (torch's rule), 0 else."""
+    """The weight of ``a`` in d min(a, b): 1 where it is smaller, 0.5 at a tie (torch's rule), 0 else.
+
+    (A tie between two different critics is all but impossible in float32, and between equal
+    ones the split does not change the sum; the rule is kept to be torch's, not for a case.)
+    """
     out: F32 = np.where(a < b, 1.0, np.where(a > b, 0.0, 0.5)).astype(np.float32)
     return out
 
@@ -248,10 +252,15 @@ class NumpySACStep:
         self.critics.load_from(critics)
         self.targets.load_from(targets)
         self.log_alpha[0] = log_alpha
+        self.low = policy.low.numpy().astype(np.float32)
+        self.high = policy.high.numpy().astype(np.float32)
 
-    def write_to(self, policy: SquashedGaussianPolicy, critics: TwinQ, targets: TwinQ) -> None:
-        """Copy the parameters into the torch networks (for weights to publish and checkpoints)."""
+    def write_policy_to(self, policy: SquashedGaussianPolicy) -> None:
+        """Copy the policy's parameters into the torch policy (for weights to publish)."""
         self.policy.flat.write_to(policy)
+
+    def write_critics_to(self, critics: TwinQ, targets: TwinQ) -> None:
+        """Copy the critics' and their targets' parameters into the torch networks (for checkpoints)."""
         self.critics.write_to(critics)
         self.targets.write_to(targets)
 

@@ -9,6 +9,11 @@ One train step (Haarnoja et al., 2018, with the temperature of their second pape
   ``log_alpha`` is ``-mean(log pi + target_entropy)``: alpha grows while the entropy
   (``-log pi``) is below the target;
 * targets: ``Q' <- (1 - tau) Q' + tau Q``.
+
+Where the networks are the built-in ReLU mlp, the step runs in numpy
+(:class:`~worker.algorithms.sac.fast.NumpySACStep`, ``algorithm.backend``); the torch step
+here is the reference it is tested against. The learner draws both samples' noise itself,
+so the two backends see the same for a seed.
 """
 
 from __future__ import annotations
@@ -84,15 +89,25 @@ class SACLearner(ReplayLearner):
         """The numpy train step, where it can run the networks; it then owns the parameters,
         Adam's moments and the temperature, and copies them into the torch networks when
         weights are asked for (:meth:`_sync`)."""
-        self._stale = False
+        self._stale: set[str] = set()
+        """What of the torch side the numpy step has moved past: ``policy``, ``rest``."""
 
-    def _sync(self) -> None:
-        """Bring the torch networks (and log alpha) up to the numpy step's parameters."""
-        if self.fast is not None and self._stale:
-            self.fast.write_to(self.policy, self.critics, self.targets)
+    def _sync(self, *, policy_only: bool = False) -> None:
+        """Bring the torch networks (and log alpha) up to the numpy step's parameters.
+
+        ``policy_only``: the policy alone, all the collectors' weights need (the critics and
+        their targets are four times its size).
+        """
+        if self.fast is None:
+            return
+        if "policy" in self._stale:
+            self.fast.write_policy_to(self.policy)
+            self._stale.discard("policy")
+        if "rest" in self._stale and not policy_only:
+            self.fast.write_critics_to(self.critics, self.targets)
             with torch.no_grad():
                 self.log_alpha.fill_(float(self.fast.log_alpha[0]))
-            self._stale = False
+            self._stale.discard("rest")
 
     # -- the train step -----------------------------------------------------------------
 
@@ -104,7 +119,7 @@ class SACLearner(ReplayLearner):
         noise = self.noise.standard_normal(shape, dtype=np.float32)
         if self.fast is not None:
             metrics = self.fast.update(batch, next_noise, noise)
-            self._stale = True
+            self._stale = {"policy", "rest"}
         else:
             metrics = self._torch_update(batch, next_noise, noise)
         self.version += 1
@@ -158,7 +173,7 @@ class SACLearner(ReplayLearner):
     # -- weights ------------------------------------------------------------------------
 
     def actor_weights(self) -> dict[str, torch.Tensor]:
-        self._sync()
+        self._sync(policy_only=True)
         return {name: t.detach().cpu().clone() for name, t in self.policy.state_dict().items()}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -170,6 +185,7 @@ class SACLearner(ReplayLearner):
         return out
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        self._sync()  # what the checkpoint lacks (log_alpha) stays the numpy step's newest
         parts = {
             p: {k[len(p) + 1 :]: v for k, v in tensors.items() if k.startswith(p + ".")}
             for p in ("policy", "critics", "targets")
@@ -187,5 +203,5 @@ class SACLearner(ReplayLearner):
                 self.log_alpha.copy_(tensors["log_alpha"])
         if self.fast is not None:
             self.fast.load_from(self.policy, self.critics, self.targets, float(self.log_alpha.detach()))
-            self._stale = False
+            self._stale = set()
         self.version = version
