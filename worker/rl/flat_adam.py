@@ -1,4 +1,4 @@
-"""torch's Adam over one flat float32 vector of parameters, for the numpy train steps.
+"""torch's Adam over one flat float32 vector of parameters, for the numpy train steps (and that vector's views).
 
 The numpy train steps (DQN's and PPO's, on small MLPs) keep every parameter as a view of
 one contiguous vector, so the optimizer is a handful of whole-vector ufuncs instead of a
@@ -9,11 +9,12 @@ decay, no amsgrad), so a numpy step and its torch reference agree to float32 rou
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FlatAdam"]
+__all__ = ["FlatAdam", "clip_global_norm", "flat_views"]
 
 F32 = npt.NDArray[np.float32]
 
@@ -71,3 +72,14 @@ def clip_global_norm(grad: F32, max_norm: float) -> float:
     if coef < 1.0:
         grad *= np.float32(coef)
     return norm
+
+
+def flat_views(flat: F32, names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> dict[str, F32]:
+    """Views of ``flat``, one per name, shaped as ``shapes`` and laid end to end in that order."""
+    views: dict[str, F32] = {}
+    offset = 0
+    for name, shape in zip(names, shapes, strict=True):
+        size = math.prod(shape)
+        views[name] = flat[offset : offset + size].reshape(shape)
+        offset += size
+    return views

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 
 from worker.algorithms.dqn.config import DQNConfig, epsilon_at
+from worker.algorithms.two_actors import TwoActors
 from worker.errors import TaskError
 from worker.models.mlp_layout import Shapes, mlp_layout
-from worker.plugins.contract import Actor, Algorithm, Learner, Model, UnsupportedSpace
+from worker.plugins.contract import Actor, Learner, Model, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space, leaf_layout
 from worker.protocol.checks import check_float
 from worker.rl.chunks import is_frame_stack
@@ -26,7 +27,7 @@ from worker.rl.frame_replay import frame_replay_bytes_per_transition
 __all__ = ["DQN", "DQNConfig", "epsilon_at"]
 
 
-class DQN(Algorithm):
+class DQN(TwoActors):
     """Q-learning from replay: discrete actions, any observation space the model takes."""
 
     Config = DQNConfig
@@ -84,25 +85,18 @@ class DQN(Algorithm):
     def n_actions(self) -> int:
         return int(self.spaces.action.n)  # type: ignore[attr-defined]
 
-    def make_actor(self, seed: int | None) -> Actor:
-        """The numpy actor where it runs the network exactly (no torch on the collector), else the torch one."""
-        shapes = self.numpy_layout()
-        if shapes is not None:
-            from worker.algorithms.dqn.numpy_actor import NumpyQActor
+    def numpy_actor(self, layout: Shapes, seed: int | None) -> Actor:
+        from worker.algorithms.dqn.numpy_actor import NumpyQActor
 
-            return NumpyQActor(shapes, seed)
+        return NumpyQActor(layout, seed)
+
+    def torch_actor(self, seed: int | None) -> Actor:
         from worker.algorithms.dqn.actor import TorchQActor
 
         return TorchQActor(self.q_network(), seed)
 
-    @property
-    def weights_format(self) -> Literal["torch", "numpy"]:
-        return "numpy" if self.numpy_layout() is not None else "torch"
-
     def numpy_layout(self) -> Shapes | None:
         """The Q-network's tensor shapes by name where numpy runs it (a ReLU mlp on one float Box), else ``None``."""
-        if self.config.backend == "torch":
-            return None
         mlp = mlp_layout(self.model, self.spaces.observation, activations=("relu",))
         if mlp is None:
             return None

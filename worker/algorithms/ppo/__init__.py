@@ -14,19 +14,20 @@ corrects what lag remains with V-trace's truncated importance weights.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import gymnasium as gym
 
 from worker.algorithms.ppo.config import PPOConfig
 from worker.algorithms.ppo.numpy_net import PPOLayout
-from worker.plugins.contract import Actor, Algorithm, Column, Learner, UnsupportedSpace
+from worker.algorithms.two_actors import TwoActors
+from worker.plugins.contract import Actor, Column, Learner, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space
 
 __all__ = ["PPO", "PPOConfig"]
 
 
-class PPO(Algorithm):
+class PPO(TwoActors):
     """Proximal policy optimisation: any supported action space, any observation the model takes."""
 
     Config = PPOConfig
@@ -49,25 +50,18 @@ class PPO(Algorithm):
     def max_policy_lag(self) -> int:
         return self.config.max_lag
 
-    def make_actor(self, seed: int | None) -> Actor:
-        """The numpy actor where it runs the network exactly (no torch on the collector), else the torch one."""
-        layout = self.numpy_layout()
-        if layout is not None:
-            from worker.algorithms.ppo.numpy_actor import NumpyPPOActor
+    def numpy_actor(self, layout: PPOLayout, seed: int | None) -> Actor:
+        from worker.algorithms.ppo.numpy_actor import NumpyPPOActor
 
-            return NumpyPPOActor(layout, seed)
+        return NumpyPPOActor(layout, seed)
+
+    def torch_actor(self, seed: int | None) -> Actor:
         from worker.algorithms.ppo.actor import PPOActor
 
         return PPOActor(self.network(), seed)
 
-    @property
-    def weights_format(self) -> Literal["torch", "numpy"]:
-        return "numpy" if self.numpy_layout() is not None else "torch"
-
     def numpy_layout(self) -> PPOLayout | None:
         """The network's :class:`~worker.algorithms.ppo.numpy_net.PPOLayout` where numpy runs it, else ``None``."""
-        if self.config.backend == "torch":
-            return None
         return PPOLayout.of_algorithm(self)
 
     def make_learner(self, seed: int) -> Learner:

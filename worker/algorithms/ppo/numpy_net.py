@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.models.mlp_layout import Shapes, mlp_layout
+from worker.rl.flat_adam import flat_views
 
 if TYPE_CHECKING:
     from worker.algorithms.ppo import PPO
@@ -168,13 +169,7 @@ class NumpyActorCritic:
 
     def split(self, flat: F32) -> dict[str, F32]:
         """Views of ``flat`` per parameter name, shaped as the parameters."""
-        views: dict[str, F32] = {}
-        offset = 0
-        for name, shape in zip(self.names, self.shapes, strict=True):
-            size = math.prod(shape)
-            views[name] = flat[offset : offset + size].reshape(shape)
-            offset += size
-        return views
+        return flat_views(flat, self.names, self.shapes)
 
     def _body(self, linear: tuple[str, ...]) -> _Body:
         weights = [(self.views[f"{n}.weight"], self.views[f"{n}.bias"]) for n in linear]

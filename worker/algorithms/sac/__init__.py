@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 
 from worker.algorithms.sac.config import SACConfig
+from worker.algorithms.two_actors import TwoActors
 from worker.models.mlp_layout import Shapes, mlp_layout
-from worker.plugins.contract import Actor, Algorithm, Learner, UnsupportedSpace
+from worker.plugins.contract import Actor, Learner, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space
 
 __all__ = ["SAC", "SACConfig"]
 
 
-class SAC(Algorithm):
+class SAC(TwoActors):
     """Off-policy maximum-entropy RL for a flat, bounded ``Box`` of actions."""
 
     Config = SACConfig
@@ -38,25 +39,18 @@ class SAC(Algorithm):
     def replay_ratio(self) -> float:
         return self.config.train_steps_per_sample
 
-    def make_actor(self, seed: int | None) -> Actor:
-        """The numpy actor where it runs the policy exactly (no torch on the collector), else the torch one."""
-        shapes = self.numpy_layout()
-        if shapes is not None:
-            from worker.algorithms.sac.numpy_actor import NumpySACActor
+    def numpy_actor(self, layout: Shapes, seed: int | None) -> Actor:
+        from worker.algorithms.sac.numpy_actor import NumpySACActor
 
-            return NumpySACActor(shapes, seed)
+        return NumpySACActor(layout, seed)
+
+    def torch_actor(self, seed: int | None) -> Actor:
         from worker.algorithms.sac.networks import SACActor
 
         return SACActor(self.policy_network(), seed)
 
-    @property
-    def weights_format(self) -> Literal["torch", "numpy"]:
-        return "numpy" if self.numpy_layout() is not None else "torch"
-
     def numpy_layout(self) -> Shapes | None:
         """The policy's tensor shapes by name where numpy runs it (a ReLU mlp on one float Box), else ``None``."""
-        if self.config.backend == "torch":
-            return None
         mlp = mlp_layout(self.model, self.spaces.observation, activations=("relu",))
         if mlp is None:
             return None

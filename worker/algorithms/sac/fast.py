@@ -34,7 +34,7 @@ from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ
 from worker.algorithms.sac.numpy_actor import LOG_STD_MAX, LOG_STD_MIN
 from worker.models.mlp_encoder import MLPEncoder
-from worker.rl.flat_adam import FlatAdam, clip_global_norm
+from worker.rl.flat_adam import FlatAdam, clip_global_norm, flat_views
 
 __all__ = ["NumpySACStep", "supports"]
 
@@ -70,13 +70,7 @@ class _Flat:
         self.load_from(module)
 
     def split(self, flat: F32) -> dict[str, F32]:
-        views: dict[str, F32] = {}
-        offset = 0
-        for name, shape in zip(self.names, self.shapes, strict=True):
-            size = math.prod(shape)
-            views[name] = flat[offset : offset + size].reshape(shape)
-            offset += size
-        return views
+        return flat_views(flat, self.names, self.shapes)
 
     def load_from(self, module: nn.Module) -> None:
         for name, param in module.named_parameters():
