@@ -72,12 +72,28 @@ def test_other_models_and_backend_torch_get_the_torch_actor(
         assert type(other.make_actor(0)).__module__.endswith((".actor", ".networks"))
 
 
-def test_a_collector_acting_with_a_numpy_actor_reads_its_policy_file_without_importing_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "algorithm, obs_dim, model, network",
+    [
+        ("ppo", 4, {"hidden_sizes": [8], "activation": "tanh"}, "network"),
+        ("dqn", 4, {"hidden_sizes": [8]}, "q_network"),
+        ("sac", 6, {"hidden_sizes": [8]}, "policy_network"),
+    ],
+)
+def test_a_collector_acting_with_a_numpy_actor_reads_its_policy_file_without_importing_torch(
+    tmp_path: Path, algorithm: str, obs_dim: int, model: dict[str, Any], network: str
+) -> None:
     # Given a policy file written by a learner (here, by this process, which has torch)
     from worker.storage import PolicyStore
 
-    algo = bound("ppo", flat_spaces(), model={"hidden_sizes": [8], "activation": "tanh"})
-    PolicyStore(tmp_path).write("policy_main", algo.network(seed=0).state_dict(), iter=3)  # type: ignore[attr-defined]
+    # the script's spaces: BOX's, written out (importing this module would import torch)
+    spaces = (
+        "Spaces(gym.spaces.Box(-np.inf, np.inf, (2, 3), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))"
+        if algorithm == "sac"
+        else "flat_spaces()"
+    )
+    algo = bound(algorithm, BOX if algorithm == "sac" else flat_spaces(), model=model)
+    PolicyStore(tmp_path).write("policy_main", getattr(algo, network)(seed=0).state_dict(), iter=3)
     # When a fresh process with the collector's modules builds the actor, reads the file and acts
     script = textwrap.dedent(
         f"""
@@ -87,13 +103,15 @@ def test_a_collector_acting_with_a_numpy_actor_reads_its_policy_file_without_imp
         from worker.collector.run import FilePolicySource
         from worker.storage import PolicyStore
         from tests.rl_builders import bound, flat_spaces
-        algo = bound("ppo", flat_spaces(), model={{"hidden_sizes": [8], "activation": "tanh"}})
+        import gymnasium as gym
+        from worker.plugins import Spaces
+        algo = bound({algorithm!r}, {spaces}, model={model!r})
         actor = algo.make_actor(seed=0)
         snapshot = FilePolicySource(PolicyStore({str(tmp_path)!r}), "policy_main", numpy=True).read()
         actor.load_weights(snapshot.state_dict)
-        actions, extras = actor.act(np.zeros((4, 4), np.float32), explore=True, settings={{}})
-        kind = type(snapshot.state_dict["pi_head.weight"]).__name__
-        print(snapshot.iter, kind, actions.shape, "torch" in sys.modules)
+        actions, extras = actor.act(np.zeros((4, {obs_dim}), np.float32), explore=True, settings={{"eps": 0.5}})
+        kinds = sorted({{type(v).__name__ for v in snapshot.state_dict.values()}})
+        print(snapshot.iter, ",".join(kinds), len(actions), "torch" in sys.modules)
         """
     )
     out = subprocess.run(
@@ -106,7 +124,7 @@ def test_a_collector_acting_with_a_numpy_actor_reads_its_policy_file_without_imp
     )
     assert out.returncode == 0, out.stderr
     # Then it got the learner's arrays as numpy, acted, and torch was never imported
-    assert out.stdout.split() == ["3", "ndarray", "(4,)", "False"]
+    assert out.stdout.split() == ["3", "ndarray", "4", "False"]
 
 
 def test_a_torch_network_refuses_numpy_arrays_while_a_numpy_actor_takes_both() -> None:
