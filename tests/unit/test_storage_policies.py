@@ -424,3 +424,11 @@ def test_sweep_temp_removes_a_crashed_learners_leftovers(store: PolicyStore) -> 
     os.utime(leftover, (0, 0))
     assert store.sweep_temp(older_than_s=60) == 1
     assert not leftover.exists()
+
+
+def test_a_policy_of_a_dtype_numpy_lacks_is_corrupt_when_read_as_numpy_and_fine_as_torch(store: PolicyStore) -> None:
+    store.write("p", {"w": torch.ones(3, dtype=torch.bfloat16)}, iter=2)
+    with pytest.raises(CorruptFile, match="holds tensors numpy cannot read"):
+        store.read("p", numpy=True)
+    snapshot = store.read("p")
+    assert snapshot is not None and snapshot.state_dict["w"].dtype == torch.bfloat16
