@@ -309,7 +309,8 @@ def _parse_policy(path: Path, body: bytes, numpy: bool) -> PolicySnapshot:
     except SafetensorError as exc:
         raise CorruptFile(f"{where} is not a valid safetensors file ({str(exc)[:_MAX_REASON_CHARS]})") from None
     except (KeyError, TypeError, ValueError) as exc:  # safetensors' numpy loader on a dtype numpy lacks (bf16, f8)
-        raise CorruptFile(f"{where} holds tensors numpy cannot read ({str(exc)[:_MAX_REASON_CHARS]})") from None
+        kind = "numpy" if numpy else "torch"
+        raise CorruptFile(f"{where} holds tensors {kind} cannot read ({str(exc)[:_MAX_REASON_CHARS]})") from None
     for key, tensor in tensors.items():
         if not _finite(tensor):
             raise CorruptFile(f"{where}: tensor {key!r} holds NaN or infinite values")

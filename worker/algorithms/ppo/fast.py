@@ -239,10 +239,10 @@ class NumpyPPOStep:
         grad_features: F32 = grad_out @ views["pi_head.weight"]
         grad_vf_features: F32 = (grad_v[:, None] * views["vf_head.weight"]).astype(np.float32, copy=False)
         if model.vf_body is None:
-            model.pi_body.backward(grad_features + grad_vf_features)
+            model.pi_body.backward(grad_features + grad_vf_features, inputs=False)
         else:
-            model.pi_body.backward(grad_features)
-            model.vf_body.backward(grad_vf_features)
+            model.pi_body.backward(grad_features, inputs=False)
+            model.vf_body.backward(grad_vf_features, inputs=False)
 
         clip_global_norm(model.grad, cfg.max_grad_norm)
         self.adam.step(model.params, model.grad, lr)

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.models.mlp_layout import Shapes, mlp_layout
+from worker.rl.dense import Dense
 from worker.rl.flat_adam import flat_views
 
 if TYPE_CHECKING:
@@ -95,41 +96,6 @@ class PPOLayout:
         return {**self.params, **self.buffers}
 
 
-class _Body:
-    """Views of one MLP body's weights and gradients, and its activations from the last forward pass."""
-
-    def __init__(self, weights: list[tuple[F32, F32]], grads: list[tuple[F32, F32]], tanh: bool) -> None:
-        self.weights, self.grads, self.tanh = weights, grads, tanh
-        self.inputs: list[F32] = []
-        self.outputs: list[F32] = []
-
-    def forward(self, x: F32) -> F32:
-        self.inputs, self.outputs = [], []
-        h = x
-        for weight, bias in self.weights:
-            self.inputs.append(h)
-            h = h @ weight.T
-            h += bias
-            if self.tanh:
-                np.tanh(h, out=h)
-            else:
-                np.maximum(h, np.float32(0.0), out=h)
-            self.outputs.append(h)
-        return h
-
-    def backward(self, grad_out: F32) -> None:
-        """Accumulate the weights' gradients from dLoss/d(body output)."""
-        for i in range(len(self.weights) - 1, -1, -1):
-            out = self.outputs[i]
-            # tanh' = 1 - tanh^2; ReLU passes the gradient where the unit was active
-            grad_pre = grad_out * (np.float32(1.0) - out * out) if self.tanh else grad_out * (out > 0.0)
-            grad_w, grad_b = self.grads[i]
-            grad_w += grad_pre.T @ self.inputs[i]
-            grad_b += grad_pre.sum(axis=0)
-            if i > 0:
-                grad_out = grad_pre @ self.weights[i][0]
-
-
 class NumpyActorCritic:
     """An actor-critic's parameters as views of one flat float32 vector, and its forward pass.
 
@@ -171,10 +137,10 @@ class NumpyActorCritic:
         """Views of ``flat`` per parameter name, shaped as the parameters."""
         return flat_views(flat, self.names, self.shapes)
 
-    def _body(self, linear: tuple[str, ...]) -> _Body:
+    def _body(self, linear: tuple[str, ...]) -> Dense:
         weights = [(self.views[f"{n}.weight"], self.views[f"{n}.bias"]) for n in linear]
         grads = [(self.grads[f"{n}.weight"], self.grads[f"{n}.bias"]) for n in linear]
-        return _Body(weights, grads, self.layout.tanh)
+        return Dense(weights, grads, "tanh" if self.layout.tanh else "relu", activate_last=True)
 
 
 def log_softmax(logits: F32) -> F32:

@@ -34,6 +34,7 @@ from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ
 from worker.algorithms.sac.numpy_actor import LOG_STD_MAX, LOG_STD_MIN
 from worker.models.mlp_encoder import MLPEncoder
+from worker.rl.dense import Dense
 from worker.rl.flat_adam import FlatAdam, clip_global_norm, flat_views
 
 __all__ = ["NumpySACStep", "supports"]
@@ -82,41 +83,11 @@ class _Flat:
                 param.copy_(torch.from_numpy(self.views[name]))
 
 
-class _Dense:
-    """A stack of ReLU linear layers over views of a :class:`_Flat`: forward keeps what backward needs."""
-
-    def __init__(self, flat: _Flat, names: list[str], relu_last: bool) -> None:
-        self.weights = [(flat.views[f"{n}.weight"], flat.views[f"{n}.bias"]) for n in names]
-        self.grads = [(flat.grads[f"{n}.weight"], flat.grads[f"{n}.bias"]) for n in names]
-        self.relu_last = relu_last
-        self.inputs: list[F32] = []
-        self.outputs: list[F32] = []
-
-    def forward(self, x: F32) -> F32:
-        self.inputs, self.outputs = [], []
-        h = x
-        for i, (weight, bias) in enumerate(self.weights):
-            self.inputs.append(h)
-            h = h @ weight.T
-            h += bias
-            if self.relu_last or i < len(self.weights) - 1:
-                np.maximum(h, np.float32(0.0), out=h)
-            self.outputs.append(h)
-        return h
-
-    def backward(self, grad_out: F32, *, params: bool = True, inputs: bool = True) -> F32 | None:
-        """dLoss/d(input) from dLoss/d(output) (``None`` without ``inputs``); with ``params``, the weights' too."""
-        for i in range(len(self.weights) - 1, -1, -1):
-            if self.relu_last or i < len(self.weights) - 1:
-                grad_out = grad_out * (self.outputs[i] > 0.0)
-            if params:
-                grad_w, grad_b = self.grads[i]
-                grad_w += grad_out.T @ self.inputs[i]
-                grad_b += grad_out.sum(axis=0)
-            if i == 0 and not inputs:
-                return None
-            grad_out = grad_out @ self.weights[i][0]
-        return grad_out
+def _dense(flat: _Flat, names: list[str], *, activate_last: bool) -> Dense:
+    """ReLU layers ``names`` (module names: ``<name>.weight``, ``<name>.bias``) over ``flat``'s views."""
+    weights = [(flat.views[f"{n}.weight"], flat.views[f"{n}.bias"]) for n in names]
+    grads = [(flat.grads[f"{n}.weight"], flat.grads[f"{n}.bias"]) for n in names]
+    return Dense(weights, grads, "relu", activate_last=activate_last)
 
 
 def _linear_names(module: nn.Module, prefix: str) -> list[str]:
@@ -128,9 +99,9 @@ class _Policy:
 
     def __init__(self, module: SquashedGaussianPolicy) -> None:
         self.flat = _Flat(module)
-        self.trunk = _Dense(self.flat, [*_linear_names(module.body, "body."), "hidden"], relu_last=True)
-        self.mean = _Dense(self.flat, ["mean"], relu_last=False)
-        self.log_std = _Dense(self.flat, ["log_std"], relu_last=False)
+        self.trunk = _dense(self.flat, [*_linear_names(module.body, "body."), "hidden"], activate_last=True)
+        self.mean = _dense(self.flat, ["mean"], activate_last=False)
+        self.log_std = _dense(self.flat, ["log_std"], activate_last=False)
 
     def sample(self, obs: F32, noise: F32) -> tuple[F32, F32, dict[str, F32]]:
         """Actions in [-1, 1], their log-probabilities, and what :meth:`backward` needs."""
@@ -170,8 +141,8 @@ class _Critic:
     """``Q(s, a)``: the body on ``s``, then ``[features, a]`` through a ReLU layer to one output."""
 
     def __init__(self, flat: _Flat, module: nn.Module, prefix: str) -> None:
-        self.body = _Dense(flat, _linear_names(module.body, f"{prefix}body."), relu_last=True)  # type: ignore[arg-type]
-        self.head = _Dense(flat, [f"{prefix}hidden", f"{prefix}out"], relu_last=False)
+        self.body = _dense(flat, _linear_names(module.body, f"{prefix}body."), activate_last=True)  # type: ignore[arg-type]
+        self.head = _dense(flat, [f"{prefix}hidden", f"{prefix}out"], activate_last=False)
         self.width = int(module.body.out_dim)  # type: ignore[arg-type, union-attr]
 
     def forward(self, obs: F32, action: F32) -> F32:
