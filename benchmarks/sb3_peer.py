@@ -38,6 +38,13 @@ ZOO: dict[tuple[str, str], dict[str, Any]] = {
                    "exploration_fraction": 0.16, "exploration_final_eps": 0.04,
                    "policy_kwargs": {"net_arch": [256, 256]}},
     },
+    ("dqn", "Acrobot-v1"): {
+        "n_envs": 1, "n_timesteps": 100_000,
+        "kwargs": {"learning_rate": 6.3e-4, "batch_size": 128, "buffer_size": 50_000, "learning_starts": 0,
+                   "gamma": 0.99, "target_update_interval": 250, "train_freq": 4, "gradient_steps": -1,
+                   "exploration_fraction": 0.12, "exploration_final_eps": 0.1,
+                   "policy_kwargs": {"net_arch": [256, 256]}},
+    },
     ("sac", "Pendulum-v1"): {
         "n_envs": 1, "n_timesteps": 20_000,
         "kwargs": {"learning_rate": 1e-3},

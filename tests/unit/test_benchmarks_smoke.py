@@ -160,14 +160,31 @@ def test_the_metrics_case_leaves_out_pairs_that_ran_beside_other_work() -> None:
 def test_a_run_against_sb3_that_missed_the_stop_value_keeps_its_stderr_and_one_that_reached_it_does_not() -> None:
     import subprocess
 
-    from benchmarks.case_sb3 import outcome
+    from benchmarks.case_sb3 import Eval, outcome
 
     done = subprocess.CompletedProcess(["x"], 3, stdout="", stderr="boom")
-    missed = outcome("sb3", 1, done, seconds=None, env_steps=500, best=-300.0)
-    reached = outcome("warren", 1, done, seconds=4.5, env_steps=900, best=500.0)
+    evals = [Eval(2.0, 100, -300.0), Eval(4.5, 900, 500.0), Eval(6.0, 1200, 480.0)]
+    missed = outcome("sb3", 1, done, evals[:1], stop_value=475.0)
+    reached = outcome("warren", 1, done, evals, stop_value=475.0)
 
-    assert (missed["reached"], missed["stderr"], missed["exit_code"]) == (False, "boom", 3)
-    assert (reached["reached"], reached["stderr"], reached["seconds"]) == (True, "", 4.5)
+    assert (missed["reached"], missed["stderr"], missed["exit_code"], missed["env_steps"]) == (False, "boom", 3, 100)
+    assert (reached["reached"], reached["stderr"], reached["seconds"], reached["env_steps"]) == (True, "", 4.5, 900)
+    assert reached["best"] == 500.0
+
+
+def test_a_fixed_budget_run_is_judged_by_its_last_evaluation_within_the_budget() -> None:
+    import subprocess
+
+    from benchmarks.case_sb3 import Eval, outcome
+
+    done = subprocess.CompletedProcess(["x"], 3, stdout="", stderr="late")
+    evals = [Eval(30.0, 1_000, -5.0), Eval(60.0, 5_000, 900.0), Eval(95.0, 9_000, 1500.0)]
+    within = outcome("warren", 0, done, evals, stop_value=4800.0, within_s=90.0)
+    none_within = outcome("sb3", 0, done, evals, stop_value=4800.0, within_s=20.0)
+
+    assert (within["ok"], within["return_at_budget"], within["env_steps_at_budget"]) == (True, 900.0, 5_000)
+    assert within["stderr"] == "" and within["reached"] is False
+    assert (none_within["ok"], none_within["return_at_budget"], none_within["stderr"]) == (False, None, "late")
 
 
 def test_the_pong_return_curve_is_averaged_per_window_weighted_by_episodes() -> None:

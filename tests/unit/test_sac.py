@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
-from worker.algorithms.sac.learner import temperature_loss
+from tests.rl_builders import bound
+from worker.algorithms.sac.learner import SACLearner, temperature_loss
 from worker.algorithms.sac.networks import squashed_log_prob
 from worker.job import JobConfig
+from worker.plugins import Spaces
 
 
 def test_the_temperature_gradient_is_minus_the_mean_of_logp_plus_the_target_entropy() -> None:
@@ -40,6 +44,38 @@ def test_sac_refuses_discrete_actions_before_anything_starts() -> None:
 
     with pytest.raises(ConfigurationError, match="sac needs continuous"):
         JobConfig.from_dict({"env": {"id": "CartPole-v1"}, "algorithm": {"name": "sac"}})
+
+
+def test_joint_critic_input_on_image_observations_is_refused_before_anything_starts_naming_both() -> None:
+    from messaging import ConfigurationError
+
+    job = {"env": {"id": "CarRacing-v3"}, "algorithm": {"name": "sac", "critic_input": "joint"}}
+    with pytest.raises(
+        ConfigurationError, match=r"critic_input = 'joint' needs one flat float Box.*Box\(96, 96, 3\) uint8"
+    ):
+        JobConfig.from_dict(job)
+
+
+@pytest.mark.parametrize(
+    "critic_input, first_layer_inputs, hidden_inputs",
+    [("auto", 3 + 2, 8), ("joint", 3 + 2, 8), ("features", 3, 8 + 2)],
+)
+def test_a_critic_takes_the_action_at_its_first_layer_or_beside_the_bodys_output(
+    critic_input: str, first_layer_inputs: int, hidden_inputs: int
+) -> None:
+    spaces = Spaces(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+    learner = bound("sac", spaces, model={"hidden_sizes": [8]}, critic_input=critic_input).make_learner(seed=0)
+    assert isinstance(learner, SACLearner)
+    for q in (learner.critics.q1, learner.critics.q2, learner.targets.q1):
+        first = q.body.net[0]  # type: ignore[index]
+        assert isinstance(first, torch.nn.Linear)
+        assert first.in_features == first_layer_inputs
+        assert q.hidden.in_features == hidden_inputs
+    # Either way Q depends on the action
+    obs, actions = torch.zeros(1, 3), torch.tensor([[0.5, -0.5], [-0.5, 0.5]])
+    with torch.no_grad():
+        q1 = learner.critics.q1(obs.expand(2, 3), actions)
+    assert float(q1[0]) != float(q1[1])
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])

@@ -66,6 +66,7 @@ CASES = [
     pytest.param({}, None, id="auto-alpha-clip"),
     pytest.param({"auto_alpha": False, "max_grad_norm": 0.0}, None, id="fixed-alpha-no-clip"),
     pytest.param({"max_grad_norm": 0.0}, log_std_at_the_clamp, id="log-std-at-the-clamp"),
+    pytest.param({"critic_input": "features"}, None, id="action-beside-the-features"),
 ]
 
 

@@ -11,10 +11,16 @@ import numpy as np
 from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.two_actors import TwoActors
 from worker.models.mlp_layout import Shapes, mlp_layout
-from worker.plugins.contract import Actor, Learner, UnsupportedSpace
+from worker.plugins.contract import Actor, Learner, Model, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space
 
-__all__ = ["SAC", "SACConfig"]
+__all__ = ["SAC", "SACConfig", "flat_observations"]
+
+
+def flat_observations(spaces: Spaces) -> bool:
+    """The observations are one flat float ``Box``, which a critic can take joined with the action."""
+    obs = spaces.observation
+    return isinstance(obs, gym.spaces.Box) and len(obs.shape) == 1 and np.issubdtype(obs.dtype, np.floating)
 
 
 class SAC(TwoActors):
@@ -24,6 +30,21 @@ class SAC(TwoActors):
     kind = "off_policy"
     default_model_config: ClassVar[Mapping[str, Any]] = {"hidden_sizes": [256], "activation": "relu"}
     config: SACConfig
+
+    def __init__(self, config: SACConfig, spaces: Spaces, model: Model) -> None:
+        super().__init__(config, spaces, model)
+        if config.critic_input == "joint" and not flat_observations(spaces):
+            raise UnsupportedSpace(
+                "algorithm.critic_input = 'joint' needs one flat float Box of observations; the env's are "
+                f"{describe_space(spaces.observation)}: use 'features' (or 'auto')"
+            )
+
+    @property
+    def joint_critic_input(self) -> bool:
+        """The critics take ``[observation, action]`` at their first layer (:attr:`SACConfig.critic_input`)."""
+        return self.config.critic_input == "joint" or (
+            self.config.critic_input == "auto" and flat_observations(self.spaces)
+        )
 
     @classmethod
     def check_spaces(cls, spaces: Spaces) -> None:

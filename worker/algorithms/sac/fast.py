@@ -138,25 +138,31 @@ class _Policy:
 
 
 class _Critic:
-    """``Q(s, a)``: the body on ``s``, then ``[features, a]`` through a ReLU layer to one output."""
+    """``Q(s, a)``: the body on ``[s, a]`` (joint input), or on ``s`` with ``a`` beside its output; then two layers."""
 
-    def __init__(self, flat: _Flat, module: nn.Module, prefix: str) -> None:
+    def __init__(self, flat: _Flat, module: nn.Module, prefix: str, action_dim: int) -> None:
+        self.joint = bool(module.joint)
         self.body = _dense(flat, _linear_names(module.body, f"{prefix}body."), activate_last=True)  # type: ignore[arg-type]
         self.head = _dense(flat, [f"{prefix}hidden", f"{prefix}out"], activate_last=False)
-        self.width = int(module.body.out_dim)  # type: ignore[arg-type, union-attr]
+        self.action_dim = action_dim
 
     def forward(self, obs: F32, action: F32) -> F32:
-        features = self.body.forward(obs)
-        out: F32 = self.head.forward(np.concatenate([features, action], axis=1))[:, 0]
-        return out
+        if self.joint:
+            q: F32 = self.head.forward(self.body.forward(np.concatenate([obs, action], axis=1)))[:, 0]
+        else:
+            q = self.head.forward(np.concatenate([self.body.forward(obs), action], axis=1))[:, 0]
+        return q
 
     def backward(self, grad_q: F32, *, params: bool) -> F32:
         """dLoss/d(action) from dLoss/dQ ``[B]``; with ``params``, the weights' gradients are accumulated too."""
         grad_in = self.head.backward(grad_q[:, None], params=params)
         assert grad_in is not None
-        if params:
-            self.body.backward(grad_in[:, : self.width], inputs=False)
-        return grad_in[:, self.width :]
+        if self.joint:
+            grad_in = self.body.backward(grad_in, params=params)
+            assert grad_in is not None
+        elif params:
+            self.body.backward(grad_in[:, : -self.action_dim], inputs=False)
+        return grad_in[:, -self.action_dim :]
 
 
 def _min_split(a: F32, b: F32) -> F32:
@@ -197,8 +203,9 @@ class NumpySACStep:
         self.policy = _Policy(policy)
         self.critics = _Flat(critics)
         self.targets = _Flat(targets)
-        self.q = [_Critic(self.critics, critics.q1, "q1."), _Critic(self.critics, critics.q2, "q2.")]
-        self.target_q = [_Critic(self.targets, targets.q1, "q1."), _Critic(self.targets, targets.q2, "q2.")]
+        dim = int(policy.mean.out_features)
+        self.q = [_Critic(self.critics, critics.q1, "q1.", dim), _Critic(self.critics, critics.q2, "q2.", dim)]
+        self.target_q = [_Critic(self.targets, targets.q1, "q1.", dim), _Critic(self.targets, targets.q2, "q2.", dim)]
         self.low = policy.low.numpy().astype(np.float32)
         self.high = policy.high.numpy().astype(np.float32)
         self.policy_adam = FlatAdam(self.policy.flat.size)

@@ -48,7 +48,8 @@ class SACLearner(ReplayLearner):
         cfg: SACConfig = algorithm.config
         self.config = cfg
         self.policy: SquashedGaussianPolicy = algorithm.policy_network(seed)
-        self.critics = seeded(lambda: TwinQ(algorithm.model, algorithm.spaces), seed + 1)
+        joint = algorithm.joint_critic_input
+        self.critics = seeded(lambda: TwinQ(algorithm.model, algorithm.spaces, joint=joint), seed + 1)
         self.targets = copy.deepcopy(self.critics)
         self.targets.requires_grad_(False)
         self._target_params: list[torch.Tensor] = list(self.targets.parameters())

@@ -2,9 +2,11 @@
 
 The policy's body (the model's encoder) feeds one more ReLU layer and two heads, the
 mean and the log standard deviation (clamped to [-20, 2]) of a Gaussian whose samples
-are squashed by tanh and scaled into the action box. A Q function's body encodes the
-observation; its action joins after it, through one more ReLU layer, to one output.
-With the default model (one hidden layer of 256) both have two hidden layers of 256, as
+are squashed by tanh and scaled into the action box. A Q function takes the action in
+one of two places (``algorithm.critic_input``): joined with a flat observation before its
+body (the model's encoder, given the joint vector's Box), or beside the body's output of
+any observation; either way one more ReLU layer follows, then one output. With the
+default model (one hidden layer of 256) both networks have two hidden layers of 256, as
 Stable-Baselines3's SAC has. Critics take actions scaled to [-1, 1], whatever the box.
 """
 
@@ -14,6 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -100,18 +103,32 @@ class SquashedGaussianPolicy(nn.Module):
 
 
 class QFunction(nn.Module):
-    """``Q(s, a)``: the observation through the model's body, then with the action through a ReLU layer."""
+    """``Q(s, a)``: a body from the model, one more ReLU layer, one output.
 
-    def __init__(self, model: Model, spaces: Spaces) -> None:
+    ``joint``: the body takes ``[s, a]`` (``s`` one flat float vector), so the action acts
+    through every hidden layer; otherwise the body encodes ``s`` and ``a`` joins its output.
+    """
+
+    def __init__(self, model: Model, spaces: Spaces, *, joint: bool) -> None:
         super().__init__()
-        self.body = model.encoder(spaces.observation)
-        width = int(self.body.out_dim)  # type: ignore[arg-type]
         dim = int(spaces.action.shape[0])  # type: ignore[index]
-        self.hidden = nn.Linear(width + dim, width)
+        self.joint = joint
+        if joint:
+            size = int(spaces.observation.shape[0]) + dim  # type: ignore[index]
+            self.body = model.encoder(gym.spaces.Box(-np.inf, np.inf, (size,), np.float32))
+            width = int(self.body.out_dim)  # type: ignore[arg-type]
+            self.hidden = nn.Linear(width, width)
+        else:
+            self.body = model.encoder(spaces.observation)
+            width = int(self.body.out_dim)  # type: ignore[arg-type]
+            self.hidden = nn.Linear(width + dim, width)
         self.out = nn.Linear(width, 1)
 
     def forward(self, x: Any, action: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.hidden(torch.cat([self.body(x), action], dim=1)))
+        if self.joint:
+            h = F.relu(self.hidden(self.body(torch.cat([x.float(), action], dim=1))))
+        else:
+            h = F.relu(self.hidden(torch.cat([self.body(x), action], dim=1)))
         q: torch.Tensor = self.out(h).squeeze(-1)
         return q
 
@@ -119,10 +136,10 @@ class QFunction(nn.Module):
 class TwinQ(nn.Module):
     """Two Q functions; SAC's target is the smaller of the two (against over-estimation)."""
 
-    def __init__(self, model: Model, spaces: Spaces) -> None:
+    def __init__(self, model: Model, spaces: Spaces, *, joint: bool) -> None:
         super().__init__()
-        self.q1 = QFunction(model, spaces)
-        self.q2 = QFunction(model, spaces)
+        self.q1 = QFunction(model, spaces, joint=joint)
+        self.q2 = QFunction(model, spaces, joint=joint)
 
     def forward(self, x: Any, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q1(x, action), self.q2(x, action)
