@@ -246,7 +246,9 @@ def compare_job(
         log(f"{name} seed {seed} {side}: {shown(result)}")
 
     def warren(seed: int) -> None:
-        record("warren", seed, *run_warren(job, seed, workdir / f"{name}-{seed}", amqp_url, f"{prefix}-{name}-{seed}"))
+        # The job's index, not its name, in the queue prefix: warren adds a run id, and the whole stays under 64.
+        run_prefix = f"{prefix}-{list(JOBS).index(name)}-{seed}"
+        record("warren", seed, *run_warren(job, seed, workdir / f"{name}-{seed}", amqp_url, run_prefix))
 
     def sb3(seed: int) -> tuple[subprocess.CompletedProcess[str], list[Eval]]:
         return run_sb3(job, seed, settings)
@@ -271,10 +273,12 @@ def shown(result: dict[str, Any]) -> str:
     """A run's outcome in a log line."""
     if "return_at_budget" in result:
         if not result["ok"]:
-            return f"no evaluation within the budget (exit code {result['exit_code']})"
+            said = result["stderr"].strip().splitlines()[-1:] or [""]
+            return f"no evaluation within the budget, exit code {result['exit_code']} {said[0]}"
         return f"return {result['return_at_budget']:.1f} after {result['env_steps_at_budget']} env steps"
     if not result["reached"]:
-        return f"NOT reached, {result['env_steps']} env steps, best {result['best']}"
+        said = result["stderr"].strip().splitlines()[-1:] or [""]
+        return f"NOT reached, {result['env_steps']} env steps, best {result['best']}; exit {result['exit_code']} {said[0]}"
     return f"{result['seconds']:.1f} s, {result['env_steps']} env steps, best {result['best']}"
 
 
