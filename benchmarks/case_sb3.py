@@ -274,11 +274,12 @@ def shown(result: dict[str, Any]) -> str:
     if "return_at_budget" in result:
         if not result["ok"]:
             said = result["stderr"].strip().splitlines()[-1:] or [""]
-            return f"no evaluation within the budget, exit code {result['exit_code']} {said[0]}"
+            return f"no evaluation within the budget; exit {result['exit_code']}: {said[0]}"
         return f"return {result['return_at_budget']:.1f} after {result['env_steps_at_budget']} env steps"
     if not result["reached"]:
         said = result["stderr"].strip().splitlines()[-1:] or [""]
-        return f"NOT reached, {result['env_steps']} env steps, best {result['best']}; exit {result['exit_code']} {said[0]}"
+        steps, best, code = result["env_steps"], result["best"], result["exit_code"]
+        return f"NOT reached, {steps} env steps, best {best}; exit {code}: {said[0]}"
     return f"{result['seconds']:.1f} s, {result['env_steps']} env steps, best {result['best']}"
 
 
