@@ -66,7 +66,7 @@ JOBS: dict[str, Job] = {
     "halfcheetah_sac": Job("halfcheetah_sac.toml", "sac", "HalfCheetah-v5", 1200, fixed_budget=True),
 }
 #: What ``python -m benchmarks --cases sb3`` runs (minutes, not hours).
-DEFAULT_JOBS = ("cartpole_ppo", "cartpole_dqn", "pendulum_sac")
+DEFAULT_JOBS = ("cartpole_ppo", "cartpole_dqn", "acrobot_dqn", "pendulum_sac")
 DEFAULT_SEEDS = (0, 1, 2)
 
 
@@ -94,6 +94,20 @@ def job_settings(job: Job) -> dict[str, Any]:
     }
 
 
+#: The exit codes of a run that ended as planned: 0 at the stop value, 3 when its budget ran out (both sides).
+FINISHED = (0, 3)
+
+
+def run_bounded(argv: list[str], env: dict[str, str], budget_s: float) -> subprocess.CompletedProcess[str]:
+    """Run ``argv``; a run still going 180 s past its budget is killed and reported as such, not raised."""
+    try:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=budget_s + 180, check=False)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        return subprocess.CompletedProcess(argv, -9, out, f"{err}\nkilled: still running {budget_s + 180:g} s in")
+
+
 def run_warren(
     job: Job, seed: int, workdir: Path, amqp_url: str, prefix: str
 ) -> tuple[subprocess.CompletedProcess[str], list[Eval]]:
@@ -104,7 +118,7 @@ def run_warren(
     )  # fmt: skip
     env = {**os.environ, "WARREN_AMQP_URL": amqp_url, "PYTHONPATH": str(procs.REPO_ROOT)}
     started = time.time()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=job.budget_s + 180, check=False)
+    done = run_bounded(argv, env, job.budget_s)
     log = workdir / "run.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     evals = [
@@ -122,7 +136,7 @@ def run_sb3(job: Job, seed: int, settings: dict[str, Any]) -> tuple[subprocess.C
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(procs.REPO_ROOT)}
     started = time.time()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=job.budget_s + 180, check=False)
+    done = run_bounded(argv, env, job.budget_s)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     evals = [Eval(r["t"] - started, int(r["steps"]), float(r["value"])) for r in lines if r.get("event") == "eval"]
     return done, evals
@@ -142,8 +156,11 @@ def outcome(
     ``reached``, ``seconds`` and ``env_steps``: the first evaluation at or above
     ``stop_value`` (else the last one's steps). With ``within_s`` (a fixed-budget job) the
     run is judged by ``return_at_budget``, its last evaluation within that many seconds,
-    and ``ok`` says whether it has one; otherwise ``ok`` is ``reached``.
+    and ``ok`` says whether it has one and the run ended as planned (:data:`FINISHED`);
+    otherwise ``ok`` is ``reached``. Evaluations timed before the run started (a log some
+    earlier run left) are not the run's and are dropped.
     """
+    evals = [e for e in evals if e.seconds >= 0]
     first = next((e for e in evals if e.value >= stop_value), None)
     record: dict[str, Any] = {
         "side": side,
@@ -159,7 +176,7 @@ def outcome(
     else:
         last = next((e for e in reversed(evals) if e.seconds <= within_s), None)
         record.update(
-            ok=last is not None,
+            ok=last is not None and done.returncode in FINISHED,
             return_at_budget=last.value if last else None,
             env_steps_at_budget=last.env_steps if last else None,
             evals=[[round(e.seconds, 1), e.env_steps, round(e.value, 1)] for e in evals],
@@ -210,31 +227,47 @@ def compare(
     amqp_url: str,
     prefix: str,
     sb3_at_once: int = 1,
+    budget_s: float | None = None,
+    out: Path | None = None,
     log: Any = print,
 ) -> tuple[list[Row], list[dict[str, Any]]]:
-    """Every job on every seed, both sides: the table's rows and every run's record."""
+    """Every job on every seed, both sides: the table's rows and every run's record.
+
+    ``budget_s`` replaces each job's own budget; ``out`` gets the JSON of what is done
+    after each job (a run of hours keeps what it measured if it is stopped).
+    """
     rows: list[Row] = []
     runs: list[dict[str, Any]] = []
     for name in jobs:
+        job = JOBS[name] if budget_s is None else dataclasses.replace(JOBS[name], budget_s=budget_s)
         job_rows_, job_runs = compare_job(
-            name, seeds, workdir, amqp_url=amqp_url, prefix=prefix, sb3_at_once=sb3_at_once, log=log
+            name, job, seeds, workdir / prefix, amqp_url=amqp_url, prefix=prefix, sb3_at_once=sb3_at_once, log=log
         )
         rows.extend(job_rows_)
         runs.extend(job_runs)
+        if out is not None:
+            out.write_text(json.dumps({"rows": [r.to_dict() for r in rows], "runs": runs}, indent=2))
     return rows, runs
 
 
 def compare_job(
-    name: str, seeds: list[int], workdir: Path, *, amqp_url: str, prefix: str, sb3_at_once: int, log: Any
+    name: str,
+    job: Job,
+    seeds: list[int],
+    workdir: Path,
+    *,
+    amqp_url: str,
+    prefix: str,
+    sb3_at_once: int,
+    log: Any,
 ) -> tuple[list[Row], list[dict[str, Any]]]:
-    """One job on every seed, both sides, alternating which goes first.
+    """One job on every seed, both sides, alternating which goes first; warren's runs in ``workdir/<name>-<seed>``.
 
     ``sb3_at_once`` > 1: SB3's runs go that many at a time, after warren's (each SB3 run
     is one thread, so two share two cores without slowing each other much: 2% measured
     here), instead of alternating one by one with warren's; for the jobs where SB3 takes
     hours a seed.
     """
-    job = JOBS[name]
     settings = job_settings(job)
     within_s = job.budget_s if job.fixed_budget else None
     results: dict[str, list[dict[str, Any]]] = {"warren": [], "sb3": []}
@@ -321,24 +354,28 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
         parser.error(f"unknown jobs {unknown}; known: {list(JOBS)}")
-    if args.budget_s is not None:
-        if args.budget_s <= 0:
-            parser.error("--budget-s must be positive")
-        JOBS.update({j: dataclasses.replace(JOBS[j], budget_s=args.budget_s) for j in jobs})
+    if args.budget_s is not None and args.budget_s <= 0:
+        parser.error("--budget-s must be positive")
+    if args.sb3_at_once < 1:
+        parser.error("--sb3-at-once must be at least 1")
     args.workdir.mkdir(parents=True, exist_ok=True)
     prefix = f"bench-sb3-{int(time.time())}"
 
     def log(message: str) -> None:
         print(f"  {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
-    if args.sb3_at_once < 1:
-        parser.error("--sb3-at-once must be at least 1")
-    rows, runs = compare(
-        jobs, args.seeds, args.workdir, amqp_url=args.amqp_url, prefix=prefix, sb3_at_once=args.sb3_at_once, log=log
+    rows, _ = compare(
+        jobs,
+        args.seeds,
+        args.workdir,
+        amqp_url=args.amqp_url,
+        prefix=prefix,
+        sb3_at_once=args.sb3_at_once,
+        budget_s=args.budget_s,
+        out=args.out,
+        log=log,
     )
     print(format_table(rows))
-    if args.out is not None:
-        args.out.write_text(json.dumps({"rows": [r.to_dict() for r in rows], "runs": runs}, indent=2))
     return 0
 
 

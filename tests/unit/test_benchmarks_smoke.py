@@ -187,6 +187,33 @@ def test_a_fixed_budget_run_is_judged_by_its_last_evaluation_within_the_budget()
     assert (none_within["ok"], none_within["return_at_budget"], none_within["stderr"]) == (False, None, "late")
 
 
+def test_a_fixed_budget_run_that_crashed_or_whose_evaluations_predate_it_is_a_failure() -> None:
+    import subprocess
+
+    from benchmarks.case_sb3 import Eval, outcome
+
+    crashed = subprocess.CompletedProcess(["x"], 1, stdout="", stderr="Traceback: boom")
+    finished = subprocess.CompletedProcess(["x"], 3, stdout="", stderr="")
+    one_eval = [Eval(30.0, 1_000, 250.0)]
+    # an earlier run's log: its evaluations are timed before this run started
+    stale = [Eval(-600.0, 9_000, 3000.0), Eval(-30.0, 12_000, 3500.0)]
+
+    assert outcome("warren", 0, crashed, one_eval, stop_value=4800.0, within_s=90.0)["ok"] is False
+    assert outcome("warren", 0, finished, one_eval, stop_value=4800.0, within_s=90.0)["ok"] is True
+    left = outcome("warren", 0, finished, stale, stop_value=3000.0, within_s=90.0)
+    assert (left["ok"], left["reached"], left["best"]) == (False, False, None)
+
+
+def test_a_run_still_going_past_its_budget_is_killed_and_reported_not_raised() -> None:
+    import sys
+
+    from benchmarks.case_sb3 import run_bounded
+
+    # a budget of -179.5 s leaves it half a second (runs get 180 s past their budget)
+    done = run_bounded([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"], {}, -179.5)
+    assert done.returncode == -9 and "killed" in done.stderr
+
+
 def test_the_pong_return_curve_is_averaged_per_window_weighted_by_episodes() -> None:
     from benchmarks.pixel_train import windows
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from messaging import TaskError
 from tests.rl_builders import bound
 from worker.algorithms.sac.learner import SACLearner, temperature_loss
 from worker.algorithms.sac.networks import squashed_log_prob
@@ -78,16 +79,42 @@ def test_a_critic_takes_the_action_at_its_first_layer_or_beside_the_bodys_output
     assert float(q1[0]) != float(q1[1])
 
 
+def test_joint_critic_input_on_integer_observations_is_refused_naming_them() -> None:
+    spaces = Spaces(gym.spaces.Box(0, 9, (3,), np.int64), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+    with pytest.raises(TaskError, match=r"critic_input = 'joint' needs one flat float Box.*int64"):
+        bound("sac", spaces, critic_input="joint")
+    assert bound("sac", spaces).joint_critic_input is False  # type: ignore[attr-defined]
+
+
+def test_auto_joins_the_action_to_the_observation_for_the_built_in_mlp_only() -> None:
+    from worker.algorithms.sac import SAC, SACConfig
+    from worker.models.mlp import MLP, MLPConfig
+    from worker.plugins.contract import Model
+
+    class OtherModel(MLP):
+        """Another plug-in, which may read meaning into its observation's layout."""
+
+    spaces = Spaces(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+    config = MLPConfig(hidden_sizes=(8,))
+    assert SAC(SACConfig(), spaces, Model(MLP(), config)).joint_critic_input is True
+    assert SAC(SACConfig(), spaces, Model(OtherModel(), config, "other")).joint_critic_input is False
+    assert SAC(SACConfig(critic_input="joint"), spaces, Model(OtherModel(), config, "other")).joint_critic_input
+
+
+def test_a_checkpoint_of_critics_with_the_action_beside_the_features_is_refused_saying_how_to_load_it() -> None:
+    spaces = Spaces(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+    old = bound("sac", spaces, model={"hidden_sizes": [8]}, critic_input="features").make_learner(seed=0)
+    new = bound("sac", spaces, model={"hidden_sizes": [8]}).make_learner(seed=0)
+    with pytest.raises(ValueError, match="load with critic_input = 'features'"):
+        new.load_state_dict(old.state_dict(), version=1)
+    same = bound("sac", spaces, model={"hidden_sizes": [8]}, critic_input="features").make_learner(seed=1)
+    same.load_state_dict(old.state_dict(), version=1)  # the setting it was saved with loads it
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_weights_with_one_tensor_of_the_wrong_shape_are_refused_and_the_sac_actor_keeps_all_of_its_own(
     backend: str,
 ) -> None:
-    import gymnasium as gym
-    import numpy as np
-
-    from tests.rl_builders import bound
-    from worker.plugins import Spaces
-
     spaces = Spaces(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
     algo = bound("sac", spaces, model={"hidden_sizes": [8, 8]}, backend=backend)
     actor = algo.make_actor(seed=0)

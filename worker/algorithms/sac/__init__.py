@@ -10,6 +10,7 @@ import numpy as np
 
 from worker.algorithms.sac.config import SACConfig
 from worker.algorithms.two_actors import TwoActors
+from worker.models.mlp import MLP
 from worker.models.mlp_layout import Shapes, mlp_layout
 from worker.plugins.contract import Actor, Learner, Model, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space
@@ -41,10 +42,14 @@ class SAC(TwoActors):
 
     @property
     def joint_critic_input(self) -> bool:
-        """The critics take ``[observation, action]`` at their first layer (:attr:`SACConfig.critic_input`)."""
-        return self.config.critic_input == "joint" or (
-            self.config.critic_input == "auto" and flat_observations(self.spaces)
-        )
+        """The critics take ``[observation, action]`` at their first layer (:attr:`SACConfig.critic_input`).
+
+        ``auto`` joins them for the built-in mlp only: another model plug-in's encoder may
+        read meaning into its observation's layout, and a job names ``joint`` to give it both.
+        """
+        if self.config.critic_input == "auto":
+            return type(self.model.plugin) is MLP and flat_observations(self.spaces)
+        return self.config.critic_input == "joint"
 
     @classmethod
     def check_spaces(cls, spaces: Spaces) -> None:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from worker.algorithms.sac.config import SACConfig
-from worker.algorithms.sac.networks import SquashedGaussianPolicy, TwinQ
+from worker.algorithms.sac.networks import QFunction, SquashedGaussianPolicy, TwinQ
 from worker.algorithms.sac.numpy_actor import LOG_STD_MAX, LOG_STD_MIN
 from worker.models.mlp_encoder import MLPEncoder
 from worker.rl.dense import Dense
@@ -140,9 +140,9 @@ class _Policy:
 class _Critic:
     """``Q(s, a)``: the body on ``[s, a]`` (joint input), or on ``s`` with ``a`` beside its output; then two layers."""
 
-    def __init__(self, flat: _Flat, module: nn.Module, prefix: str, action_dim: int) -> None:
-        self.joint = bool(module.joint)
-        self.body = _dense(flat, _linear_names(module.body, f"{prefix}body."), activate_last=True)  # type: ignore[arg-type]
+    def __init__(self, flat: _Flat, module: QFunction, prefix: str, action_dim: int) -> None:
+        self.joint = module.joint
+        self.body = _dense(flat, _linear_names(module.body, f"{prefix}body."), activate_last=True)
         self.head = _dense(flat, [f"{prefix}hidden", f"{prefix}out"], activate_last=False)
         self.action_dim = action_dim
 
@@ -153,15 +153,19 @@ class _Critic:
             q = self.head.forward(np.concatenate([self.body.forward(obs), action], axis=1))[:, 0]
         return q
 
-    def backward(self, grad_q: F32, *, params: bool) -> F32:
-        """dLoss/d(action) from dLoss/dQ ``[B]``; with ``params``, the weights' gradients are accumulated too."""
-        grad_in = self.head.backward(grad_q[:, None], params=params)
+    def accumulate(self, grad_q: F32) -> None:
+        """Add the weights' gradients of a loss to the parameters' gradients, from dLoss/dQ ``[B]``."""
+        grad_in = self.head.backward(grad_q[:, None])
+        assert grad_in is not None
+        self.body.backward(grad_in if self.joint else grad_in[:, : -self.action_dim], inputs=False)
+
+    def action_gradient(self, grad_q: F32) -> F32:
+        """dLoss/d(action) ``[B, d]`` from dLoss/dQ ``[B]``, leaving the weights' gradients alone."""
+        grad_in = self.head.backward(grad_q[:, None], params=False)
         assert grad_in is not None
         if self.joint:
-            grad_in = self.body.backward(grad_in, params=params)
+            grad_in = self.body.backward(grad_in, params=False)
             assert grad_in is not None
-        elif params:
-            self.body.backward(grad_in[:, : -self.action_dim], inputs=False)
         return grad_in[:, -self.action_dim :]
 
 
@@ -260,8 +264,8 @@ class NumpySACStep:
         err1, err2 = q1 - target, q2 - target
         critic_loss = float(np.dot(err1, err1) + np.dot(err2, err2)) / n
         self.critics.grad.fill(0.0)
-        self.q[0].backward(err1 * np.float32(2.0 / n), params=True)
-        self.q[1].backward(err2 * np.float32(2.0 / n), params=True)
+        self.q[0].accumulate(err1 * np.float32(2.0 / n))
+        self.q[1].accumulate(err2 * np.float32(2.0 / n))
         self._clip(self.critics.grad)
         self.critic_adam.step(self.critics.params, self.critics.grad, cfg.lr)
 
@@ -272,8 +276,8 @@ class NumpySACStep:
         policy_loss = float((alpha * logp - np.minimum(n1, n2)).mean())
         w1 = _min_split(n1, n2)
         grad_min = np.float32(-1.0 / n)
-        grad_action = self.q[0].backward(grad_min * w1, params=False)
-        grad_action += self.q[1].backward(grad_min * (np.float32(1.0) - w1), params=False)
+        grad_action = self.q[0].action_gradient(grad_min * w1)
+        grad_action += self.q[1].action_gradient(grad_min * (np.float32(1.0) - w1))
         self.policy.flat.grad.fill(0.0)
         self.policy.backward(saved, grad_action, np.full(n, alpha / n, dtype=np.float32))
         self._clip(self.policy.flat.grad)

@@ -192,7 +192,15 @@ class SACLearner(ReplayLearner):
             for p in ("policy", "critics", "targets")
         }
         for name, module in (("policy", self.policy), ("critics", self.critics), ("targets", self.targets)):
-            check_fits(module.state_dict(), parts[name], "the checkpoint's tensors", f"SAC's {name}")  # all or none
+            try:
+                check_fits(module.state_dict(), parts[name], "the checkpoint's tensors", f"SAC's {name}")  # all or none
+            except ValueError as exc:
+                if name == "policy":
+                    raise
+                raise ValueError(
+                    f"{exc} (critics saved with the action beside the body's output, as warren's SAC"
+                    " did before algorithm.critic_input, load with critic_input = 'features')"
+                ) from None
         try:
             self.policy.load_state_dict(parts["policy"], strict=True)
             self.critics.load_state_dict(parts["critics"], strict=True)
