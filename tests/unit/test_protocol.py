@@ -203,6 +203,9 @@ def test_finish_info_round_trips_and_derives_its_averages(returns: list[float], 
         ({"data_id": "a", "policy_iter": 1, "get_data_time": "now"}, "get_data_time must be a number"),
         ({"collector_done": True, "cur_episode": 1, "cur_sample": 2, "cur_step": 2**60}, "cur_step"),
         ({"collector_done": True, "cur_episode": 1, "cur_sample": 2, "cur_step": 3, "task_id": 5}, "task_id"),
+        ({"collector_done": 1, "cur_episode": 1, "cur_sample": 2, "cur_step": 3}, "collector_done must be true"),
+        ({"data_id": "a", "policy_iter": 1, "eval_flag": np.zeros(0)}, "eval_flag must be true or false"),
+        ({"collector_done": False, "cur_episode": 1, "cur_sample": 2, "cur_step": 3, "aborted": "yes"}, "aborted"),
     ],
 )
 def test_malformed_metadata_is_refused_naming_the_key(message: dict[str, Any], match: str) -> None:

@@ -41,6 +41,14 @@ def _number(metadata: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+def _flag(metadata: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A true/false key; anything else (a number, an array) is refused, not judged by its truth."""
+    value = metadata.get(key, default)
+    if not isinstance(value, bool):
+        raise TaskError(f"metadata {key} must be true or false, got {short_repr(value)}")
+    return value
+
+
 def _optional_str(metadata: Mapping[str, Any], key: str) -> str | None:
     value = metadata.get(key)
     if value is not None and not isinstance(value, str):
@@ -127,7 +135,7 @@ def read_metadata(message: Mapping[str, Any]) -> DataItem | InfoItem:
     check_metadata(message)
     cur_episode, cur_sample, cur_step = (checked_count(message, k) for k in ("cur_episode", "cur_sample", "cur_step"))
     task_id, buffer_id = _optional_str(message, "task_id"), _optional_str(message, "buffer_id")
-    eval_flag = bool(message.get("eval_flag", False))
+    eval_flag = _flag(message, "eval_flag", False)
     if "data_id" in message:
         data_id = message["data_id"]
         if not isinstance(data_id, str):
@@ -150,7 +158,7 @@ def read_metadata(message: Mapping[str, Any]) -> DataItem | InfoItem:
         )
     error = message.get("error")
     return InfoItem(
-        collector_done=bool(message["collector_done"]),
+        collector_done=_flag(message, "collector_done", False),
         cur_episode=cur_episode,
         cur_sample=cur_sample,
         cur_step=cur_step,
@@ -159,5 +167,5 @@ def read_metadata(message: Mapping[str, Any]) -> DataItem | InfoItem:
         eval_flag=eval_flag,
         get_info_time=_number(message, "get_info_time", time.time()),
         error=None if error is None else str(error),
-        aborted=bool(message.get("aborted", False)),
+        aborted=_flag(message, "aborted", False),
     )
