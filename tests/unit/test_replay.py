@@ -132,7 +132,7 @@ def test_dict_observations_and_extras_become_columns_of_their_own_in_their_dtype
     assert set(regroup(batch, "obs")) == {"image", "pos"} and regroup(batch, "action") is batch["action"]
 
 
-def test_the_feed_owes_train_steps_at_the_replay_ratio_and_none_before_learning_starts() -> None:
+def test_the_feed_owes_train_steps_at_the_replay_ratio_for_the_transitions_after_learning_starts() -> None:
     spaces = flat_spaces()
     layout = ChunkLayout.of(spaces)
     feed = ReplayFeed(capacity=100, learning_starts=10, train_steps_per_sample=0.25, seed=0)
@@ -140,10 +140,13 @@ def test_the_feed_owes_train_steps_at_the_replay_ratio_and_none_before_learning_
     def chunk(seed: int) -> Chunk:  # 4 steps x 2 envs, all valid: 8 transitions
         return read_chunk(chunk_fields(layout, spaces, 4, 2, seed=seed), layout, spaces, 0)
 
-    assert feed.add(chunk(0)) == 8 and feed.credit == 2.0
-    assert not feed.can_update() and feed.wants_data()  # 8 < learning_starts, credit or not
-    feed.add(chunk(1))  # 16 transitions, 4 train steps owed
-    assert feed.can_update() and not feed.wants_data()
-    drawn = [feed.sample(3) for _ in range(4)]
+    assert feed.add(chunk(0)) == 8 and feed.credit == 0.0  # warm-up transitions earn nothing
+    assert not feed.can_update() and feed.wants_data()
+    feed.add(chunk(1))  # 16 transitions: the 6 after the first 10 earn 1.5 train steps
+    assert feed.credit == 1.5 and feed.can_update() and not feed.wants_data()
+    assert len(feed.sample(3)["reward"]) == 3
+    assert feed.credit == 0.5 and not feed.can_update() and feed.wants_data()
+    feed.add(chunk(2))  # 8 more, all after learning starts: 2 more
+    drawn = [feed.sample(3) for _ in range(2)]
     assert all(len(batch["reward"]) == 3 for batch in drawn)
-    assert feed.credit == 0.0 and not feed.can_update() and feed.wants_data()
+    assert feed.credit == 0.5 and not feed.can_update()

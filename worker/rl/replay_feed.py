@@ -19,11 +19,17 @@ __all__ = ["ReplayFeed", "ReplayLearner"]
 class ReplayFeed:
     """Transitions in, batches out at a fixed replay ratio: the account off-policy learners keep.
 
-    Each transition taken in earns ``train_steps_per_sample`` train steps; a batch drawn
-    spends one. The learner service asks :meth:`wants_data` and :meth:`can_update` to
-    decide between reading and training, so the ratio holds however fast data arrives.
-    The buffer is made from the first chunk's columns (the learner knows no shapes
-    before), and no batch is drawn before it holds ``learning_starts`` transitions.
+    Each transition taken in after the first ``learning_starts`` earns
+    ``train_steps_per_sample`` train steps; a batch drawn spends one. The learner service
+    asks :meth:`wants_data` and :meth:`can_update` to decide between reading and training,
+    so the ratio holds however fast data arrives. The buffer is made from the first
+    chunk's columns (the learner knows no shapes before).
+
+    The warm-up transitions earn nothing, as in Stable-Baselines3 and cleanrl: were they
+    owed, the learner would first take ``learning_starts x train_steps_per_sample`` steps
+    on the warm-up data alone (random actions, for SAC), and its policy would settle (its
+    entropy brought down to the target) before it had seen an action of its own. On
+    LunarLanderContinuous that learned to hover: docs/performance.md.
     """
 
     def __init__(
@@ -44,6 +50,8 @@ class ReplayFeed:
         self.rng = np.random.default_rng(seed)
         self.credit = 0.0
         """Train steps owed to the transitions taken in."""
+        self.taken = 0
+        """Transitions taken in, all told (the buffer holds the newest ``capacity``)."""
 
     def add(self, chunk: Chunk) -> int:
         """Take a chunk's valid transitions in; returns how many."""
@@ -58,7 +66,9 @@ class ReplayFeed:
                 self.buffer = ReplayBuffer.for_columns(self.capacity, columns)
             assert isinstance(self.buffer, ReplayBuffer)
             added = self.buffer.add(columns)
-        self.credit += added * self.train_steps_per_sample
+        earning = max(0, self.taken + added - max(self.taken, self.learning_starts))
+        self.taken += added
+        self.credit += earning * self.train_steps_per_sample
         return added
 
     def _warm(self) -> bool:
