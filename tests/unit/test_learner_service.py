@@ -90,13 +90,13 @@ def test_a_fresh_learner_publishes_the_seeded_initial_weights_at_version_0_with_
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_a_restarted_learner_resumes_from_its_checkpoint_and_trains_on(tmp_path: Path, backend: str) -> None:
     # Given the checkpoint an earlier learner of the run left at version 120
-    earlier = make_learner(tmp_path, **{"algorithm.backend": backend})
+    earlier = make_learner(tmp_path, **{"algorithm.backend": backend, "algorithm.learning_starts": 0})
     producer = earlier.job.bound.make_learner(seed=42)
     producer.load_state_dict(producer.state_dict(), 120)
     earlier.policies.write(earlier._checkpoint_name, producer.state_dict(), 120, earlier.header)
 
     # When a new learner starts, it continues from those weights and that version, and publishes them
-    learner = make_learner(tmp_path, **{"algorithm.backend": backend})
+    learner = make_learner(tmp_path, **{"algorithm.backend": backend, "algorithm.learning_starts": 0})
     learner._resume_or_start()
     assert learner.learner.version == 120
     assert_same_state(learner.learner.actor_weights(), producer.actor_weights())
@@ -183,8 +183,8 @@ def test_an_update_that_goes_nan_stops_the_learner_before_it_is_published(
     # Given a learner with data to train on, that published version 0
     learner = make_learner(tmp_path, **{"algorithm.learning_starts": 32})
     learner._resume_or_start()
-    write_chunk(learner, "d0")
-    learner._ingest(Settled().item(data_item("d0")))
+    write_chunk(learner, "d0", steps=64)  # the 32 after learning_starts earn one update
+    learner._ingest(Settled().item(data_item("d0", samples=64)))
     assert learner.learner.can_update()
     # When an update's loss is NaN
     monkeypatch.setattr(learner.learner, "update", lambda: {"loss": math.nan, "q_mean": 1.0})
@@ -207,8 +207,8 @@ def test_the_first_updates_are_checkpointed_at_once_so_an_early_kill_resumes_tra
     # Given a learner that just ran its first updates (long before its checkpoint interval is over)
     learner = make_learner(tmp_path, **{"algorithm.learning_starts": 32, "algorithm.train_steps_per_sample": 0.25})
     learner._resume_or_start()
-    write_chunk(learner, "d0")
-    learner._ingest(Settled().item(data_item("d0")))
+    write_chunk(learner, "d0", steps=64)  # the 32 after learning_starts earn 8 updates
+    learner._ingest(Settled().item(data_item("d0", samples=64)))
     learner._train_some()
     assert learner.learner.version == 8
     # When it is killed (no exit checkpoint) and another learner of the run starts

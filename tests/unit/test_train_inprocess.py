@@ -41,7 +41,9 @@ def test_the_in_process_example_trains_at_the_replay_ratio(capsys: pytest.Captur
 
 def test_a_job_in_one_process_collects_into_the_learner_and_acts_on_what_it_published() -> None:
     # Given the shipped job with small tasks, in one process
-    job = JobConfig.load(None, **{"collector.n_sample": 512, "env.collector_env_num": 8})
+    job = JobConfig.load(
+        None, **{"collector.n_sample": 512, "env.collector_env_num": 8, "algorithm.learning_starts": 512}
+    )
     run = InProcessJob(job, seed=1)
     try:
         assert run.read() is not None and run.read().iter == 0  # type: ignore[union-attr]
@@ -52,7 +54,7 @@ def test_a_job_in_one_process_collects_into_the_learner_and_acts_on_what_it_publ
         # and the actors' weights are the learner's newest
         assert steps == run.env_steps >= 1024
         assert run.learner.replay is not None and len(run.learner.replay) == steps  # type: ignore[attr-defined]
-        assert updates == run.updates == run.learner.version == int(steps / 32)
+        assert updates == run.updates == run.learner.version == int((steps - 512) / 32) > 0
         published = run.read()
         assert published is not None and published.iter == run.learner.version
         # and an eval task runs greedy episodes on fresh envs of the eval seed
