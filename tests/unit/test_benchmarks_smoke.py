@@ -204,6 +204,26 @@ def test_a_fixed_budget_run_that_crashed_or_whose_evaluations_predate_it_is_a_fa
     assert (left["ok"], left["reached"], left["best"]) == (False, False, None)
 
 
+def test_a_fixed_budget_job_reports_the_return_at_the_budget_and_the_time_of_the_runs_that_reached_the_stop() -> None:
+    from benchmarks.case_sb3 import JOBS, job_rows
+
+    def run(seconds: float | None, value: float, ok: bool = True) -> dict[str, object]:
+        return {"ok": ok, "reached": seconds is not None, "seconds": seconds, "return_at_budget": value,
+                "env_steps_at_budget": 1_000}  # fmt: skip
+
+    results = {
+        "warren": [run(250.0, 4805.0), run(410.0, 4866.0), run(None, 4100.0)],
+        "sb3": [run(990.0, 5255.0), run(None, 3434.0), run(None, 0.0, ok=False)],
+    }
+    ret, _, to_stop = job_rows("halfcheetah_sac", JOBS["halfcheetah_sac"], {"stop_value": 4800.0}, results)
+
+    assert ret.warren.values == (4805.0, 4866.0, 4100.0) and ret.baseline is not None
+    assert ret.baseline.values == (5255.0, 3434.0)
+    assert to_stop.warren.values == (250.0, 410.0) and to_stop.baseline is not None
+    assert to_stop.baseline.values == (990.0,) and to_stop.notes == {"reached": {"warren": 2, "sb3": 1}}
+    assert "warren 2/3, sb3 1/3 reached it" in to_stop.reference
+
+
 def test_a_run_still_going_past_its_budget_is_killed_and_reported_not_raised() -> None:
     import sys
 
