@@ -37,6 +37,19 @@ def test_bad_hyperparameters_are_refused_naming_the_key(key: str, value: Any, me
         config_from_dict(DQNConfig, {key: value}, "algorithm")
 
 
+@pytest.mark.parametrize("algorithm", ["dqn", "sac"])
+def test_a_warm_up_longer_than_the_replay_buffer_is_refused_naming_both_keys(algorithm: str) -> None:
+    # A buffer of 500 never holds the 1,000 transitions training waits for: the run would only collect
+    from worker.algorithms.sac import SACConfig
+
+    config_class = DQNConfig if algorithm == "dqn" else SACConfig
+    message = r"algorithm\.learning_starts \(1000\) must be at most algorithm\.replay_capacity \(500\)"
+    with pytest.raises(TaskError, match=message):
+        config_from_dict(config_class, {"learning_starts": 1000, "replay_capacity": 500}, "algorithm")
+    fits = config_from_dict(config_class, {"learning_starts": 500, "replay_capacity": 500}, "algorithm")
+    assert (fits.learning_starts, fits.replay_capacity) == (500, 500)
+
+
 def test_hyperparameters_from_plain_data_become_the_frozen_config() -> None:
     config = config_from_dict(DQNConfig, {"lr": 1, "batch_size": 64, "double_dqn": False}, "algorithm")
     assert config == DQNConfig(lr=1.0, batch_size=64, double_dqn=False)

@@ -47,6 +47,16 @@ def check_bool(value: Any, key: str) -> bool:
     return bool(value)
 
 
+def check_warmup_fits(learning_starts: int, replay_capacity: int, prefix: str) -> None:
+    """A replay learner trains once its buffer holds ``learning_starts`` transitions; one that
+    holds fewer would collect for ever without a train step, so such a config is refused."""
+    if learning_starts > replay_capacity:
+        raise TaskError(
+            f"{prefix}.learning_starts ({learning_starts}) must be at most {prefix}.replay_capacity "
+            f"({replay_capacity}): the replay buffer could never hold enough transitions to start training"
+        )
+
+
 def check_str(value: Any, key: str, max_len: int = 4096) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= max_len:
         raise TaskError(f"{key} must be a non-empty string of at most {max_len} characters, got {short_repr(value)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.protocol.checks import MAX_COUNT, check_bool, check_float, check_int
+from worker.protocol.checks import MAX_COUNT, check_bool, check_float, check_int, check_warmup_fits
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class DQNConfig:
             ("eps_decay_steps", 1, MAX_COUNT),
         ):
             object.__setattr__(self, name, check_int(getattr(self, name), f"{p}.{name}", lo, hi))
+        check_warmup_fits(self.learning_starts, self.replay_capacity, p)
         for name, flo, fhi, lo_open in (
             ("lr", 0.0, 1.0, True),
             ("discount", 0.0, 1.0, False),
