@@ -989,7 +989,9 @@ JOB_TOML = (
     "[coordinator]\ncollect_tasks = 1\neval_interval_s = 3600.0\nmax_env_steps = 1000000000000\nmax_time_s = 900.0\n"
     "max_run_ahead_samples = 100000000\n"
     "[learner]\nread_wait_s = 0.1\n"
-    "[algorithm]\nlearning_starts = 1000000000\n"  # no training: the learner only reads, so it keeps up
+    # no training: the learner only reads, so it keeps up (the warm-up must fit the buffer,
+    # whose pages are only touched as transitions come; one env does not fill 10M in a test)
+    "[algorithm]\nlearning_starts = 10000000\nreplay_capacity = 10000000\n"
 )
 
 
