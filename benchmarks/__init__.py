@@ -1,1 +1,1 @@
-"""Benchmarks: warren against raw pika, a bare rollout loop and published figures."""
+"""Benchmarks: warren against raw pika, a bare rollout loop, Stable-Baselines3 and published figures."""

@@ -2,8 +2,9 @@
 
 The whole job as a user runs it (coordinator in the ``warren run`` process, 2 collector
 processes, the learner process), from the command to its JSON summary, once per seed.
-Reported per seed: the time from the first collected data to the eval that reached 195
-(start-up excluded: importing torch and building envs), the whole command's time, env
+Reported per seed: the time from the first collected data to the end of the run at 195
+(an eval there and its confirmation; start-up excluded: importing torch and building envs),
+the whole command's time, env
 steps/s while collecting, the replay ratio the learner achieved (the summary's: the
 learner's own train steps over the samples it learned from) against the configured one,
 and the peak PSS of

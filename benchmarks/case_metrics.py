@@ -11,7 +11,7 @@
   0.5 s (ten times as often as docker-compose's Prometheus). *Off* is the default:
   no-op counters, transport counting off, no server. Metrics: the collector process's
   CPU time per env step (all its threads), and env steps/s; the issue's budget is 2%.
-* **learner**: the learner's train step (:class:`worker.rl.fast_dqn.NumpyDQNLearner`, the
+* **learner**: the learner's train step (:class:`worker.algorithms.dqn.numpy_step.NumpyDQNStep`, the
   job's batch from a full replay buffer) with the calls ``worker/learner/service.py``
   makes around it (its duration, the algorithm's statistics): *on* with ``/metrics``
   served and scraped and TensorBoard means written, *off* with the no-op telemetry.
@@ -26,6 +26,9 @@ alone, where no neighbour blurs it: the counting per metadata message (sink mete
 transport counters) and the building of one ``/metrics`` answer, put against the
 on-runs' message rate with one scrape per 5 s (the compose stack's) and per 0.5 s (this
 case's scraper).
+
+It is one case, over 400 lines: the two halves share the alternation of on and off, the
+quiet-repeat filter and the accounting, and its rows put the halves side by side.
 """
 
 from __future__ import annotations
@@ -177,7 +180,7 @@ class _Learner:
         self.telemetry, self.port = telemetry, port
         dqn_learner = algorithm.make_learner(0)
         assert isinstance(dqn_learner, DQNLearner)
-        self.learner = dqn_learner.step  # the train step the learner process runs
+        self.learner = dqn_learner  # its train step, as the learner process runs it
         rng = np.random.default_rng(0)
         rows = self.config.replay_capacity
         self.buffer = ReplayBuffer(
@@ -203,9 +206,9 @@ class _Learner:
             for _ in range(steps):
                 batch = self.buffer.sample(batch_size, self.rng)
                 t0 = time.perf_counter()
-                statistics = learner.train_step(batch)
+                statistics = learner.learn(batch)
                 telemetry.train_step(time.perf_counter() - t0)
-                telemetry.record(statistics, step=learner.iter)
+                telemetry.record(statistics, step=learner.version)
             seconds = time.perf_counter() - started
         return {"steps_s": steps / seconds}
 

@@ -14,7 +14,7 @@ What ``WARREN_QUEUE_TYPE=quorum`` costs, measured side by side on the same broke
 The "warren" column is quorum, the "baseline" column classic: the ratio is what quorum
 costs (or gains). On a single broker a quorum queue still writes every message to its
 Raft log and fsyncs it before confirming, so this is its floor; on a cluster, a publish is
-confirmed only once a majority of nodes holds it (see the README's "When to use quorum
+confirmed only once a majority of nodes holds it (see docs/deploy.md, "When to use quorum
 queues").
 """
 

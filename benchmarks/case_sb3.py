@@ -2,12 +2,17 @@
 
 For each job and seed, alternating which goes first: ``warren run --config configs/<job>
 --collectors 2`` and :mod:`benchmarks.sb3_peer` (single process, rl-baselines3-zoo's
-hyperparameters for the env, the same thread count), both evaluated the same way: the
+hyperparameters for the env, torch's threads as SB3 leaves them, as a user runs it;
+``--sb3-threads 1`` pins it to one thread, a labelled second variant), both evaluated the same way: the
 deterministic policy, the job's ``evaluator_env_num x eval_episodes`` episodes, every
-``eval_interval_s`` seconds of wall time. A run's time is from the moment its process was
-started (imports and start-up included) to the wall-clock time of its first evaluation
-at or above the stop value; its env steps are those counted at that evaluation. A seed
-that does not reach the stop value within the budget is a failure, reported as such.
+``eval_interval_s`` seconds of wall time, and an evaluation at the stop value ends the run
+only with a policy that trained (one update at least) and once the job's
+``confirm_episodes`` other episodes of that policy reach the stop value too. A run's time
+is from the moment its process was started (imports and start-up included) to the
+wall-clock time of that confirmation (the evaluation that ended the run); its env steps
+are those counted then. An evaluation at the stop value that did not end the run (an
+untrained policy, a confirmation that missed) is no time to solve. A seed that does not
+reach the stop value within the budget is a failure, reported as such.
 
 A long benchmark (:attr:`Job.fixed_budget`: HalfCheetah, whose runs on 2 cores may or may
 not reach the registered threshold within the budget) is measured the other way round:
@@ -20,6 +25,9 @@ stop value of the runs that reached it is a third row, with how many did.
 ``python -m benchmarks --cases sb3`` runs the quick jobs (:data:`DEFAULT_JOBS`, 3 seeds);
 ``python -m benchmarks.case_sb3 --jobs lunarlander_ppo,pendulum_sac --seeds 0 1 2 3 4``
 any of :data:`JOBS`, with their budgets (the long ones take hours on 2 cores).
+
+It is one case, over 400 lines: running both sides, reading their evaluations the same
+way and comparing them are the one rule above, and split they would only restate it.
 """
 
 from __future__ import annotations
@@ -81,6 +89,9 @@ class Eval:
     env_steps: int
     value: float
     """Mean return of its episodes."""
+    counts: bool = True
+    """Whether it may count as reaching the stop value: the evaluation that ended its run (a confirmed
+    one, of a policy that trained), not one that only passed (awaiting or failing its confirmation)."""
 
 
 def job_settings(job: Job) -> dict[str, Any]:
@@ -93,6 +104,7 @@ def job_settings(job: Job) -> dict[str, Any]:
         "eval_envs": loaded.env.evaluator_env_num,
         "eval_episodes": loaded.env.eval_episodes,
         "eval_interval_s": loaded.coordinator.eval_interval_s,
+        "confirm_episodes": loaded.env.confirm_episodes,
     }
 
 
@@ -123,24 +135,39 @@ def run_warren(
     done = run_bounded(argv, env, job.budget_s)
     log = workdir / "run.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    evals = [
-        Eval(r["time"] - started, int(r["env_steps"]), float(r["reward_mean"])) for r in records if r["kind"] == "eval"
+    return done, warren_evals(records, started)
+
+
+def warren_evals(records: list[dict[str, Any]], started: float) -> list[Eval]:
+    """The evaluations in a warren run log; the one that ended the run (``"success"``) alone counts."""
+    return [
+        Eval(r["time"] - started, int(r["env_steps"]), float(r["reward_mean"]), bool(r.get("success")))
+        for r in records
+        if r["kind"] == "eval"
     ]
-    return done, evals
+
+
+#: SB3's torch and BLAS threads: 0, SB3 as a user runs it (torch's own default); ``--sb3-threads`` sets it.
+SB3_THREADS = {"threads": 0}
 
 
 def run_sb3(job: Job, seed: int, settings: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], list[Eval]]:
+    threads = str(SB3_THREADS["threads"])
     argv = procs.python_module(
-        "benchmarks.sb3_peer", "--algo", job.algo, "--env-id", job.env_id, "--seed", str(seed), "--threads", "1",
+        "benchmarks.sb3_peer", "--algo", job.algo, "--env-id", job.env_id, "--seed", str(seed), "--threads", threads,
         "--stop-value", str(settings["stop_value"]), "--eval-envs", str(settings["eval_envs"]),
         "--eval-episodes", str(settings["eval_episodes"]), "--eval-interval-s", str(settings["eval_interval_s"]),
-        "--max-time-s", str(job.budget_s),
+        "--confirm-episodes", str(settings["confirm_episodes"]), "--max-time-s", str(job.budget_s),
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(procs.REPO_ROOT)}
     started = time.time()
     done = run_bounded(argv, env, job.budget_s)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    evals = [Eval(r["t"] - started, int(r["steps"]), float(r["value"])) for r in lines if r.get("event") == "eval"]
+    evals = [
+        Eval(r["t"] - started, int(r["steps"]), float(r["value"]), bool(r.get("success")))
+        for r in lines
+        if r.get("event") == "eval"
+    ]
     return done, evals
 
 
@@ -156,14 +183,14 @@ def outcome(
     """One run's record from its evaluations; stderr is kept for a run that failed.
 
     ``reached``, ``seconds`` and ``env_steps``: the first evaluation at or above
-    ``stop_value`` (else the last one's steps). With ``within_s`` (a fixed-budget job) the
+    ``stop_value`` that :attr:`Eval.counts` (else the last one's steps). With ``within_s`` (a fixed-budget job) the
     run is judged by ``return_at_budget``, its last evaluation within that many seconds,
     and ``ok`` says whether it has one and the run ended as planned (:data:`FINISHED`);
     otherwise ``ok`` is ``reached``. Evaluations timed before the run started (a log some
     earlier run left) are not the run's and are dropped.
     """
     evals = [e for e in evals if e.seconds >= 0]
-    first = next((e for e in evals if e.value >= stop_value), None)
+    first = next((e for e in evals if e.value >= stop_value and e.counts), None)
     record: dict[str, Any] = {
         "side": side,
         "seed": seed,
@@ -359,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sb3-at-once", type=int, default=1, help="SB3 runs of a job at a time, after warren's (default 1: alternate)"
     )
+    parser.add_argument(
+        "--sb3-threads", type=int, default=0, help="SB3's torch threads (default 0: its own default, as users run it)"
+    )
     args = parser.parse_args(argv)
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in JOBS]
@@ -369,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sb3_at_once < 1:
         parser.error("--sb3-at-once must be at least 1")
     args.workdir.mkdir(parents=True, exist_ok=True)
+    SB3_THREADS["threads"] = max(0, args.sb3_threads)
     prefix = f"bench-sb3-{int(time.time())}"
 
     def log(message: str) -> None:

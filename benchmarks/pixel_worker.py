@@ -121,17 +121,22 @@ def bare(job: JobConfig, steps: int, envs: int, threads: int) -> dict[str, float
     buffer = np.zeros((rows + 1, envs, *obs.shape[1:]), np.uint8)
     wait_for_go()
     wall, cpu, thread_cpu = time.monotonic(), cpu_s(), time.thread_time()
-    done = 0
+    done, act_s = 0, 0.0
     while done < steps:
         for t in range(rows):
+            acting = time.perf_counter()
             action, _ = actor.act(obs, explore=True, settings={})
+            act_s += time.perf_counter() - acting
             buffer[t] = obs
             obs, _reward, _terminated, _truncated, _ = vec.step(action)
         buffer[rows] = obs
         done += rows * envs
     wall, cpu, thread_cpu = time.monotonic() - wall, cpu_s() - cpu, time.thread_time() - thread_cpu
     vec.close()
-    return {"steps": done, "wall_s": wall, "cpu_s": cpu, "main_cpu_s": thread_cpu, "sink_cpu_s": 0.0, "bytes": 0}
+    return {
+        "steps": done, "wall_s": wall, "cpu_s": cpu, "main_cpu_s": thread_cpu, "sink_cpu_s": 0.0, "bytes": 0,
+        "act_s": act_s,
+    }  # fmt: skip
 
 
 def collect(job: JobConfig, args: argparse.Namespace) -> dict[str, float]:
@@ -208,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", default="pixels")
     parser.add_argument("--data", default="")
     parser.add_argument("--compression", choices=["none", "lz4"], default="none")
+    parser.add_argument(
+        "--torch-threads", type=int, default=1, help="the actor's torch threads (warren's collectors: 1)"
+    )
     args = parser.parse_args(argv)
-    limit_torch_threads(1)
+    limit_torch_threads(args.torch_threads)
     import_env_packages("ale_py")
     job = JobConfig.load(JOB)
     if args.mode == "bare":

@@ -21,8 +21,10 @@ from types import ModuleType
 from typing import Any
 
 from benchmarks import (
+    case_collection,
     case_collector,
     case_e2e,
+    case_first_run,
     case_metrics,
     case_node_loss,
     case_pixels,
@@ -53,7 +55,9 @@ CASES: dict[str, ModuleType] = {
         case_pixels,
         case_metrics,
         case_scaling,
+        case_collection,
         case_e2e,
+        case_first_run,
         case_sb3,
     )
 }

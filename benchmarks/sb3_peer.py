@@ -4,7 +4,9 @@ Single process, the rl-baselines3-zoo hyperparameters for the env (:data:`ZOO`),
 and BLAS limited to ``--threads``. Every ``--eval-interval-s`` seconds of wall time (as
 warren's coordinator does) it runs ``--eval-envs x --eval-episodes`` episodes with the
 deterministic policy on a separate env and prints a JSON line; it stops at the first
-evaluation whose mean return reaches ``--stop-value``, or at a budget. Each line carries
+evaluation whose mean return reaches ``--stop-value`` with a policy that trained, confirmed
+as warren's coordinator confirms it (``--confirm-episodes`` other episodes of the same
+policy, their mean at the stop value too; its own line), or at a budget. Each line carries
 ``time.time()``, so the caller measures from the moment it started the process, imports
 included. Needs the ``sb3`` extra (``pip install -e '.[sb3]'``).
 """
@@ -80,16 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algo", required=True, choices=["ppo", "sac", "dqn"])
     parser.add_argument("--env-id", required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch and BLAS threads; 0 (default): SB3 as a user runs it, untouched"
+    )
     parser.add_argument("--stop-value", type=float, required=True)
     parser.add_argument("--eval-envs", type=int, default=5)
     parser.add_argument("--eval-episodes", type=int, default=1, help="per eval env")
     parser.add_argument("--eval-interval-s", type=float, default=2.0)
+    parser.add_argument(
+        "--confirm-episodes",
+        type=int,
+        default=0,
+        help="as warren's confirm_episodes: an eval at the stop value ends the run only if this many other "
+        "episodes of the same policy reach it too (0: the eval alone)",
+    )
     parser.add_argument("--max-time-s", type=float, default=600.0)
     parser.add_argument("--max-steps", type=int, help="default: the zoo's n_timesteps")
     args = parser.parse_args(argv)
-    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = str(args.threads)
+    if args.threads > 0:
+        for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[variable] = str(args.threads)
     started = time.time()
     emit(event="start")
 
@@ -100,28 +112,36 @@ def main(argv: list[str] | None = None) -> int:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     zoo = ZOO[(args.algo, args.env_id)]
     algo_cls = {"ppo": PPO, "sac": SAC, "dqn": DQN}[args.algo]
     envs = make_vec_env(args.env_id, n_envs=zoo["n_envs"], seed=args.seed)
     model = algo_cls("MlpPolicy", envs, seed=args.seed, device="cpu", verbose=0, **_schedules(zoo["kwargs"]))
     eval_env = gym.make_vec(args.env_id, num_envs=args.eval_envs, vectorization_mode="sync")
+    confirm_env = (
+        gym.make_vec(args.env_id, num_envs=args.confirm_episodes, vectorization_mode="sync")
+        if args.confirm_episodes
+        else None
+    )
     max_steps = args.max_steps or int(zoo["n_timesteps"])
 
-    def evaluate(seed: int) -> float:
+    def evaluate(seed: int, env: Any = eval_env, episodes: int = args.eval_episodes) -> float:
+        """Mean return of ``episodes`` greedy episodes on each env of ``env``."""
         returns: list[float] = []
-        obs, _ = eval_env.reset(seed=seed)
-        done_counts = np.zeros(args.eval_envs, dtype=int)
-        running = np.zeros(args.eval_envs)
-        after_end = np.zeros(args.eval_envs, dtype=bool)
-        while (done_counts < args.eval_episodes).any():
+        obs, _ = env.reset(seed=seed)
+        n_envs = env.num_envs
+        done_counts = np.zeros(n_envs, dtype=int)
+        running = np.zeros(n_envs)
+        after_end = np.zeros(n_envs, dtype=bool)
+        while (done_counts < episodes).any():
             action, _ = model.predict(obs, deterministic=True)
-            obs, reward, terminated, truncated, _ = eval_env.step(action)
+            obs, reward, terminated, truncated, _ = env.step(action)
             live = ~after_end
             running += np.where(live, reward, 0.0)
             ended = (terminated | truncated) & live
             for i in np.flatnonzero(ended):
-                if done_counts[i] < args.eval_episodes:
+                if done_counts[i] < episodes:
                     returns.append(float(running[i]))
                 done_counts[i] += 1
                 running[i] = 0.0
@@ -142,9 +162,18 @@ def main(argv: list[str] | None = None) -> int:
                 return True
             self.evals += 1
             value = evaluate(10_000 + self.evals)
-            emit(event="eval", steps=int(self.num_timesteps), value=value)
+            # As warren's coordinator: only a policy that trained, and (with a confirmation) whose other
+            # episodes reach the stop value too, ends the run; "success" marks the eval that does.
+            trained = int(getattr(self.model, "_n_updates", 1)) >= 1
+            passed = value >= args.stop_value and trained
+            final = passed and confirm_env is None
+            emit(event="eval", steps=int(self.num_timesteps), value=value, success=final)
+            if passed and confirm_env is not None:
+                confirmed = evaluate(20_000 + self.evals, confirm_env, 1)
+                final = confirmed >= args.stop_value
+                emit(event="eval", steps=int(self.num_timesteps), value=confirmed, confirms=True, success=final)
             self.next_eval = time.monotonic() + args.eval_interval_s
-            if value >= args.stop_value:
+            if final:
                 self.reached = True
                 return False
             return True

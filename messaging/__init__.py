@@ -1,7 +1,7 @@
 """warren's transport: the only package that talks to RabbitMQ (pika).
 
 Everything above it (:mod:`worker`) uses these names and catches only the errors of
-:mod:`messaging.errors`.
+:mod:`messaging.errors`. Private, as :mod:`worker` is: the public API is :mod:`warren`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from messaging.errors import (
     QueueNotFound,
     QueueTypeMismatch,
     RemoteError,
+    RequestRefused,
     RpcError,
     RpcTimeout,
     StreamStalled,
     StreamStopped,
-    TaskError,
     WarrenError,
 )
 
@@ -80,6 +80,7 @@ __all__ = [
     "RemoteError",
     "Reply",
     "Request",
+    "RequestRefused",
     "RpcClient",
     "RpcError",
     "RpcServer",
@@ -88,7 +89,6 @@ __all__ = [
     "StreamStalled",
     "StreamStopped",
     "Subscription",
-    "TaskError",
     "WarrenError",
     "decode",
     "encode",

@@ -113,11 +113,12 @@ class RemoteError(RpcError):
         self.result: dict[str, Any] = dict(result or {})
 
 
-class TaskError(WarrenError):
-    """A task cannot be carried out; the worker replies with ``ok: false`` and keeps serving.
+class RequestRefused(WarrenError):
+    """A handler refuses its request: the RPC server replies ``ok: false`` and keeps serving.
 
-    ``result`` is sent back to the caller as the error's structured detail (DI-engine's
-    ``TaskFail.result``).
+    ``result`` is sent back to the caller as the error's structured detail (the caller's
+    :class:`RemoteError` carries it). What a refusal means is the business of the layer above,
+    which raises its own subclasses of it.
     """
 
     def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:

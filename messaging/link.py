@@ -10,6 +10,10 @@ connect retry policy (to another node of the URL list first, when there are seve
 failover), redeclares every queue it declared and resubscribes every subscription.
 Deliveries received before the loss cannot be acked any more (the broker has already
 requeued them); acking one is a logged no-op.
+
+It is one piece, over 400 lines: every operation of a link (declare, publish, subscribe,
+get) goes through the same reconnect-and-restore path, which must know all that the link
+declared and subscribed; apart, that state would have to be handed back and forth.
 """
 
 from __future__ import annotations
@@ -48,11 +52,16 @@ class BrokerLink(QueueAdmin):
         role: shown in the management UI as part of the connection name.
         reconnect: restore the link after a connection loss (bounded by
             ``settings.connect_timeout_s`` per outage) instead of raising.
+        declare_dead_letters: declare the prefix's dead-letter exchange and queue on every
+            connect (off for a clean-up, which would otherwise bring back what it removes).
     """
 
-    def __init__(self, settings: Settings, role: str, *, reconnect: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, role: str, *, reconnect: bool = True, declare_dead_letters: bool = True
+    ) -> None:
         self.settings = settings
         self.role = role
+        self._declare_dead_letters = declare_dead_letters
         self.names = Names.of(settings)
         self._reconnect_enabled = reconnect
         self._conn: BlockingConnection | None = None
@@ -72,7 +81,7 @@ class BrokerLink(QueueAdmin):
     # -- lifecycle ----------------------------------------------------------------
 
     def open(self) -> BrokerLink:
-        """Connect now (instead of at first use) and declare the dead-letter topology."""
+        """Connect now (instead of at first use) and declare the dead-letter topology (unless told not to)."""
         self._ensure()
         return self
 
@@ -120,7 +129,8 @@ class BrokerLink(QueueAdmin):
         self._generation += 1
         self._publish_channel = self._unconfirmed_channel = None
         try:
-            self._declare_base()
+            if self._declare_dead_letters:
+                self._declare_base()
             for decl in self._declared.values():
                 self._declare_on(self._conn.channel(), decl)
             for sub in self._subscriptions:

@@ -14,6 +14,9 @@ is sent again after a jittered backoff, and newer messages wait meanwhile; after
 reopened first (a quorum queue's channel can stay nacked for ever after a leader loss).
 After a lost connection, every unconfirmed message is sent again, in publish order, on
 the next one, which tries the other nodes of the URL list first (failover).
+
+It is one piece, over 400 lines: every method is a callback of the one connection on the
+one thread, and they share its delivery-tag bookkeeping, timers and outage state.
 """
 
 from __future__ import annotations

@@ -74,6 +74,23 @@ class QueueAdmin:
         self._with_recovery(run)
         self.forget(queue)
 
+    def exchange_exists(self, exchange: str) -> bool:
+        """Whether ``exchange`` exists, by a passive declare on a fresh channel (a 404 closes only that one)."""
+
+        def run() -> bool:
+            channel = self._ensure().channel()
+            try:
+                with translated(f"inspecting exchange {exchange}"):
+                    channel.exchange_declare(exchange, passive=True)
+            except QueueNotFound:  # the broker's 404, whatever it names
+                return False
+            with translated("closing a channel"):
+                channel.close()
+            return True
+
+        found: bool = self._with_recovery(run)
+        return found
+
     def delete_exchange(self, exchange: str) -> None:
         """Delete an exchange (no error if it is already gone)."""
 

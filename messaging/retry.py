@@ -25,7 +25,9 @@ def connect_retrying(
     """Jittered exponential backoff (up to 0.25 s, doubling, capped at 5 s) for at most ``timeout_s``.
 
     Jitter spreads the reconnects of many workers after a broker restart, so they do not
-    all hit the broker in the same instant.
+    all hit the broker in the same instant. No wait goes past the budget (see
+    :func:`within_budget`): the last attempt is made when it runs out, so "retrying for up
+    to 5 s" gives up after 5 s and that last attempt, not after a 5 s wait begun at 4.9 s.
 
     Args:
         timeout_s: total time spent retrying.
@@ -47,11 +49,24 @@ def connect_retrying(
 
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(retry_if),
-        wait=tenacity.wait_random_exponential(multiplier=CONNECT_WAIT_FIRST_S, max=CONNECT_WAIT_MAX_S),
+        wait=within_budget(
+            tenacity.wait_random_exponential(multiplier=CONNECT_WAIT_FIRST_S, max=CONNECT_WAIT_MAX_S), timeout_s
+        ),
         stop=tenacity.stop_after_delay(timeout_s),
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def within_budget(
+    wait: Callable[[tenacity.RetryCallState], float], budget_s: float
+) -> Callable[[tenacity.RetryCallState], float]:
+    """``wait``, cut to what is left of ``budget_s`` since the first attempt (never below 0)."""
+
+    def capped(state: tenacity.RetryCallState) -> float:
+        return max(0.0, min(wait(state), budget_s - (state.seconds_since_start or 0.0)))
+
+    return capped
 
 
 class Backoff:

@@ -18,6 +18,10 @@ A request is acked after its reply was handed to the broker (and confirmed, for 
 (at-least-once: handlers must tolerate a repeat). A request that cannot be decoded, has
 the wrong content type or no ``reply_to`` is dead-lettered, and answered with an error
 when it has a ``reply_to``.
+
+It is one piece, over 400 lines: the I/O thread and the handler threads hand each request
+to each other (a job out, its reply and ack back), and the hand-off's bookkeeping (jobs in
+flight, paused queues, consumers) is the state both sides of it read.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from messaging.errors import (
     EncodeError,
     MessagingError,
     QueueNotFound,
-    TaskError,
+    RequestRefused,
 )
 from messaging.link import BrokerLink
 from messaging.settings import Settings
@@ -435,7 +439,7 @@ class RpcServer:
         corr = request.envelope.correlation_id
         try:
             result = handler(request)
-        except TaskError as exc:
+        except RequestRefused as exc:
             logger.info("task refused (correlation_id %s): %s", corr, exc.message)
             return Reply(replies.error(exc.message, exc.result))
         except Exception as exc:  # a handler bug must not take the worker down

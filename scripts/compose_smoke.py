@@ -32,6 +32,11 @@ is removed at the end, on failure too; the base images, warren's image (its laye
 cache) and the wheels stay under /var/cache/warren-compose and in podman's store.
 The published ports are free ones picked at start, the project name is unique: a
 RabbitMQ already listening on this machine's default ports is left alone.
+
+It is one file, over 400 lines, and its steps are one class (:class:`Smoke`): each step
+acts on what the steps before it started and recorded (the podman service, the project
+and its ports, the volumes, the containers killed), and :meth:`Smoke.cleanup` must know
+all of it to leave nothing behind, on failure too.
 """
 
 from __future__ import annotations
@@ -694,7 +699,7 @@ class Smoke:
         job.chmod(0o644)
         command = [
             "coordinator", "--config", "/etc/warren-smoke/job.toml", "--collect-tasks", "0",
-            "--stop-value", "${WARREN_STOP_VALUE:-195}", "--max-env-steps", "${WARREN_MAX_ENV_STEPS:-400000}",
+            "--stop-value", "${WARREN_STOP_VALUE:-195}", "--max-env-steps", "${WARREN_MAX_ENV_STEPS:-2000000}",
             "--max-time-s", "${WARREN_MAX_TIME_S:-1800}", "--seed", "0",
             "--run-log", "/data/runs/run.jsonl", "--progress", "log",
         ]  # fmt: skip
@@ -851,8 +856,8 @@ class Smoke:
             # container's grace counts from when it logged the stop request, if it did.
             short = after["Name"].removeprefix(self.project + "_")
             since = signalled.get(short, asked)
-            # The coordinator's codes: 0 the stop value was reached, 3 it was not (here: stopped).
-            clean = code in (0, 3) if service == "coordinator" else code == 0
+            # The coordinator's codes: 0 the stop value was reached, 128 + SIGTERM (143) the signal stopped it.
+            clean = code in (0, 128 + signal.SIGTERM) if service == "coordinator" else code == 0
             grace = self.grace_s.get(service, 10.0)
             how = "after its SIGTERM" if short in signalled else "after `stop` began"
             report.append(f"{short}: exit {code}, {ended - since:.1f} s {how} (grace {grace:.0f} s)")

@@ -3,7 +3,7 @@
 Only what this repository's compose file uses: ``KEY=VALUE`` env files, and the
 ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:?message}``, ``${VAR?message}``,
 ``$VAR`` and ``$$`` interpolation forms, applied to every string value (not to keys).
-tests/unit/test_compose_file.py checks the result against ``docker-compose config``.
+tests/infra/test_compose_file.py checks the result against ``docker-compose config``.
 """
 
 from __future__ import annotations

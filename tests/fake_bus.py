@@ -180,10 +180,20 @@ class FakeBus:
         """Start requests sent so far, oldest first."""
         return [s for s in self.sent if s.body.get("name") == TaskName.START.value]
 
-    def accept(self, sent: Sent, worker_id: str) -> StartReply:
-        """A worker takes the start request: its control queue and the task's metadata queue exist."""
+    def accept(self, sent: Sent, worker_id: str, *, frees: bool = False) -> StartReply:
+        """A worker takes the start request: its control queue and the task's metadata queue exist.
+
+        ``frees``: the worker says it honours the start's ``free_when_done`` (warren's workers
+        do; DI-engine's and older ones do not say).
+        """
         task = StartTask.from_wire(sent.body)
-        reply = StartReply(worker_id, task.task_id, f"p.collector.control.{worker_id}", f"p.metadata.{task.task_id}")
+        reply = StartReply(
+            worker_id,
+            task.task_id,
+            f"p.collector.control.{worker_id}",
+            f"p.metadata.{task.task_id}",
+            free_when_done=frees and task.free_when_done,
+        )
         self.alive.add(reply.control_queue)
         self.queues.setdefault(reply.metadata_queue, collections.deque())
         self.replies[sent.correlation_id] = reply.to_wire()

@@ -28,7 +28,6 @@ reaps clusters whose owning process died without cleaning up (a SIGKILLed pytest
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
 import json
 import os
@@ -36,24 +35,42 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 from urllib.parse import quote
 
-#: Every private node's name starts with this (``warren-test-<hex>-<i>@localhost``).
+# How a node is laid out and started from the package's own files is shared with
+# scripts/offline-kit (a standalone node on an offline machine): scripts/rabbit_node.py.
+from scripts.rabbit_node import (
+    NODE_HOST,
+    PORT_RANGE,
+    RESERVED_PORTS,
+    NodeError,
+    NodeLayout,
+    Ports,
+    api_call,
+    erlang_bin,
+    port_is_free,
+    proc_alive,
+    proc_environ,
+    write_cookie,
+)
+from scripts.rabbit_node import answers as node_answers
+from scripts.rabbit_node import deadline_wait as _deadline_wait
+from scripts.rabbit_node import log_tail as node_log_tail
+from scripts.rabbit_node import vm_pid as node_vm_pid
+
+__all__ = ["NODE_HOST", "PORT_RANGE", "RESERVED_PORTS", "NodeError", "Ports"]  # re-exported
+
+#: Every private node's name starts with this (``warren-test-<hex>-<i>@localhost``; the
+#: shared node is ``rabbit@localhost`` on the same epmd).
 NODE_PREFIX = "warren-test-"
-#: Host part of node names. ``localhost`` resolves to 127.0.0.1 here, where the nodes'
-#: distribution listens (the shared node is ``rabbit@localhost`` on the same epmd).
-NODE_HOST = "localhost"
 #: Default bound on a start (one node, or a whole cluster booting in parallel).
 START_TIMEOUT_S = 90.0
 #: Bound on one CLI call; each costs 2-7 s here (an Erlang VM and the Elixir CLI boot).
@@ -66,18 +83,9 @@ MARKER = "WARREN_PRIVATE_RABBIT_DIR"
 #: Where cluster directories go unless a workdir is given (and where orphans are reaped).
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "warren-rabbit"
 
-# The shared broker's ports (AMQP, AMQPS, management, Prometheus, distribution), epmd,
-# and the distribution ports the CLI tools take by default (35672-35682).
-RESERVED_PORTS = frozenset({4369, 5671, 5672, 15671, 15672, 15692, 25672, *range(35672, 35683)})
-# Below Linux's ephemeral range (32768-60999): the kernel never hands these out to a
-# client socket, so a node's port stays free while the node is down for a restart.
-PORT_RANGE = (20000, 32000)
+# RESERVED_PORTS (the shared broker's, epmd's, the CLI tools' default distribution range)
+# and PORT_RANGE (below Linux's ephemeral range) come from scripts/rabbit_node.py.
 CLI_TOOLS = frozenset({"rabbitmqctl", "rabbitmq-queues", "rabbitmq-diagnostics"})
-GUEST = "guest"  # allowed from loopback only, which is where every client of ours is
-
-
-class NodeError(RuntimeError):
-    """A private node failed to start, stop or answer within its bound."""
 
 
 def find_sbin() -> Path | None:
@@ -90,17 +98,6 @@ def find_sbin() -> Path | None:
     return None
 
 
-@dataclass(frozen=True)
-class Ports:
-    amqp: int
-    dist: int
-    management: int
-    prometheus: int
-
-    def all(self) -> tuple[int, ...]:
-        return (self.amqp, self.dist, self.management, self.prometheus)
-
-
 _handed_out: set[int] = set()
 
 
@@ -110,40 +107,11 @@ def _free_port(rng: random.Random) -> int:
         port = rng.randrange(*PORT_RANGE)
         if port in RESERVED_PORTS or port in _handed_out:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                # A listener on 0.0.0.0:port also makes this bind fail (Linux).
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if not port_is_free(port):
+            continue
         _handed_out.add(port)
         return port
     raise NodeError(f"no free port in {PORT_RANGE}")
-
-
-def _deadline_wait(predicate: Callable[[], bool], deadline: float, what: str, interval_s: float = 0.25) -> None:
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise NodeError(f"timed out waiting for {what}")
-        time.sleep(interval_s)
-
-
-def _proc_environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def _proc_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _proc_start_ticks(pid: int) -> str:
@@ -161,9 +129,18 @@ class PrivateNode:
         self.index = index
         self.name = f"{cluster.id}-{index}@{NODE_HOST}"
         self.ports = ports
-        self.dir = cluster.dir / f"node{index}"
-        self.pid_file = self.dir / "rabbit.pid"
-        self.log_dir = self.dir / "log"
+        # Its files and environments (scripts/rabbit_node.py): all under its own directory.
+        self.layout = NodeLayout(
+            dir=cluster.dir / f"node{index}",
+            name=self.name,
+            ports=ports,
+            home=cluster.home,  # the private .erlang.cookie
+            marker=MARKER,
+            erl_bin=erlang_bin(),
+        )
+        self.dir = self.layout.dir
+        self.pid_file = self.layout.pid_file
+        self.log_dir = self.layout.log_dir
         self._popen: subprocess.Popen[bytes] | None = None
         self._stdout: IO[bytes] | None = None
 
@@ -175,25 +152,20 @@ class PrivateNode:
     @property
     def amqp_url(self) -> str:
         """AMQP URL of the default vhost as guest (127.0.0.1: the listener is IPv4 only)."""
-        return f"amqp://{GUEST}:{GUEST}@127.0.0.1:{self.ports.amqp}/%2F"
+        return self.layout.amqp_url
 
     @property
     def management_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.management}"
+        return self.layout.management_url
 
     @property
     def prometheus_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.prometheus}"
+        return self.layout.prometheus_url
 
     # -- files and environments -------------------------------------------------
 
     def write_files(self, seed: PrivateNode | None) -> None:
         """Config, plugins and the empty env file; ``seed``: the node a blank node joins at boot."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "mnesia").mkdir(exist_ok=True)
-        (self.dir / "conf.d").mkdir(exist_ok=True)
-        (self.dir / "rabbitmq-env.conf").write_text("")
-        (self.dir / "enabled_plugins").write_text("[rabbitmq_management, rabbitmq_prometheus].\n")
         rabbit: list[str] = []
         if seed is not None:
             # Classic-config peer discovery: a blank node joins ``seed`` while booting, which
@@ -201,53 +173,15 @@ class PrivateNode:
             # The retries cover the seed booting at the same time (no lock in this backend).
             rabbit.append(f"{{cluster_nodes, {{['{seed.name}'], disc}}}}")
             rabbit.append("{cluster_formation, [{discovery_retry_limit, 240}, {discovery_retry_interval, 500}]}")
-        # Classic Erlang-term config: nothing to translate through the cuttlefish schemas.
-        (self.dir / "rabbitmq.config").write_text(
-            "[{rabbit, [" + ", ".join(rabbit) + "]},\n"
-            f' {{rabbitmq_management, [{{tcp_config, [{{ip, "127.0.0.1"}}, {{port, {self.ports.management}}}]}}]}},\n'
-            f' {{rabbitmq_prometheus, [{{tcp_config, [{{ip, "127.0.0.1"}}, {{port, {self.ports.prometheus}}}]}}]}}].\n'
-        )
-
-    def _base_env(self) -> dict[str, str]:
-        erl = shutil.which("erl")
-        path = [str(Path(erl).parent)] if erl else []
-        return {
-            "PATH": ":".join([*path, "/usr/bin", "/bin"]),
-            "HOME": str(self.cluster.home),  # the private .erlang.cookie
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            # An empty file of ours: unset or empty, the scripts read /etc/rabbitmq/rabbitmq-env.conf.
-            "RABBITMQ_CONF_ENV_FILE": str(self.dir / "rabbitmq-env.conf"),
-            "RABBITMQ_NODENAME": self.name,
-            # If no epmd runs yet, the one we start listens on loopback only, like the shared one.
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-            MARKER: str(self.dir),
-        }
+        self.layout.write_files(rabbit)
 
     def server_env(self) -> dict[str, str]:
         """The complete environment of the node's server (nothing inherited)."""
-        return {
-            **self._base_env(),
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.ports.amqp),
-            "RABBITMQ_DIST_PORT": str(self.ports.dist),
-            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(self.log_dir),
-            "RABBITMQ_PID_FILE": str(self.pid_file),
-            "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.config"),
-            # These default to /etc/rabbitmq too; ours stay absent or empty.
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.dir / "advanced.config"),
-            "RABBITMQ_CONFIG_FILES": str(self.dir / "conf.d"),
-            "RABBITMQ_MOTD_FILE": str(self.dir / "motd"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-        }
+        return self.layout.server_env()
 
     def cli_env(self) -> dict[str, str]:
         """The complete environment of a CLI call on this node (nothing inherited)."""
-        # Port 0: an ephemeral distribution port per CLI call, instead of the 11 ports
-        # (35672-35682) every rabbitmqctl on the machine competes for.
-        return {**self._base_env(), "RABBITMQ_CTL_DIST_PORT_MIN": "0", "RABBITMQ_CTL_DIST_PORT_MAX": "0"}
+        return self.layout.cli_env()
 
     def cli_argv(self, tool: str, *args: str) -> list[str]:
         """The argv of a CLI call: always the package's own script, always ``-n`` this node."""
@@ -280,14 +214,7 @@ class PrivateNode:
 
     def api(self, method: str, path: str, body: Any = None, timeout_s: float = 10.0) -> Any:
         """Call this node's management HTTP API as guest."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.management_url + path, data=data, method=method)
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{GUEST}:{GUEST}".encode()).decode())
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            raw = response.read()
-        return json.loads(raw) if raw else None
+        return api_call(self.management_url, method, path, body, timeout_s)
 
     def queue(self, name: str, vhost: str = "/") -> dict[str, Any]:
         """The management API's view of a queue (``leader``, ``members``, ``messages``...)."""
@@ -315,15 +242,7 @@ class PrivateNode:
         The node's own list of listeners, not only a connect: a node whose AMQP listener
         failed (port taken) keeps its VM and management API up, and the taker accepts.
         """
-        try:
-            overview = self.api("GET", "/api/overview?columns=node,listeners", timeout_s=2.0)
-            listening = {(item.get("protocol"), item.get("port")) for item in overview.get("listeners", [])}
-            if overview.get("node") != self.name or ("amqp", self.ports.amqp) not in listening:
-                return False
-            with socket.create_connection(("127.0.0.1", self.ports.amqp), timeout=1.0):
-                return True
-        except (OSError, urllib.error.URLError, ValueError, AttributeError):
-            return False
+        return node_answers(self.layout)
 
     def vm_pid(self) -> int:
         """PID of the node's Erlang VM, verified from /proc/PID/environ (else NodeError).
@@ -331,14 +250,7 @@ class PrivateNode:
         3.10 starts distribution at run time, so the VM's command line does not carry the
         node name: the pid file gives the PID and the environment proves whose VM it is.
         """
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError) as exc:
-            raise NodeError(f"{self.name}: no pid file at {self.pid_file}") from exc
-        env = _proc_environ(pid)
-        if env.get("RABBITMQ_NODENAME") != self.name or env.get(MARKER) != str(self.dir):
-            raise NodeError(f"{self.name}: PID {pid} from the pid file is not this node's VM (or is gone)")
-        return pid
+        return node_vm_pid(self.layout)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -417,7 +329,7 @@ class PrivateNode:
         pid = self.vm_pid()
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout_s
-        _deadline_wait(lambda: not _proc_alive(pid), deadline, f"{self.name}'s VM {pid} to die")
+        _deadline_wait(lambda: not proc_alive(pid), deadline, f"{self.name}'s VM {pid} to die")
         if self._popen is not None:
             # The start script was waiting on the VM; it exits now.
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -470,11 +382,7 @@ class PrivateNode:
             os.kill(self.vm_pid(), signal.SIGKILL)
 
     def log_tail(self, chars: int = 3000) -> str:
-        parts = []
-        for path in (self.dir / "stdout.log", self.log_dir / f"{self.name}.log"):
-            with contextlib.suppress(OSError):
-                parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-chars:])
-        return "\n".join(parts)
+        return node_log_tail(self.layout, chars)
 
 
 class PrivateCluster:
@@ -546,10 +454,7 @@ class PrivateCluster:
         # Who owns the cluster (PID and start time): another run reaps it once that process is gone.
         (self.dir / "owner").write_text(f"{os.getpid()} {_proc_start_ticks(os.getpid())}\n")
         self.home.mkdir()
-        # Created owner-only: Erlang refuses a cookie file others can read.
-        fd = os.open(self.home / ".erlang.cookie", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-        with os.fdopen(fd, "w") as cookie:
-            cookie.write(secrets.token_hex(16).upper())
+        write_cookie(self.home)  # owner-only: Erlang refuses a cookie file others can read
         seed = self.nodes[0]
         for node in self.nodes:
             node.write_files(None if node is seed else seed)
@@ -623,7 +528,7 @@ class PrivateCluster:
         # A dying VM may still write into its directory: remove it once they are gone.
         deadline = time.monotonic() + timeout_s
         with contextlib.suppress(NodeError):
-            _deadline_wait(lambda: not any(_proc_alive(pid) for pid in pids), deadline, "killed VMs", 0.05)
+            _deadline_wait(lambda: not any(proc_alive(pid) for pid in pids), deadline, "killed VMs", 0.05)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -673,12 +578,12 @@ def reap_orphans(root: Path) -> list[str]:
             owner = int(pid_text)
         except (OSError, ValueError):
             continue  # being created, or not ours
-        if _proc_alive(owner) and _proc_start_ticks(owner) == ticks:
+        if proc_alive(owner) and _proc_start_ticks(owner) == ticks:
             continue
         for node_dir in _children(cluster_dir, "node"):
             with contextlib.suppress(OSError, ValueError):
                 pid = int((node_dir / "rabbit.pid").read_text().strip())
-                if _proc_environ(pid).get(MARKER) == str(node_dir):
+                if proc_environ(pid).get(MARKER) == str(node_dir):
                     os.kill(pid, signal.SIGKILL)
         shutil.rmtree(cluster_dir, ignore_errors=True)
         reaped.append(cluster_dir.name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -65,3 +65,15 @@ def chunk_fields(
     fields["reward"] = rng.normal(size=(steps, envs)).astype(np.float32)
     fields["valid"][:] = True
     return fields
+
+
+def torch_loss_and_grads(
+    loss: Callable[..., Any], *arrays: npt.NDArray[Any], wrt: tuple[int, ...] = (0,)
+) -> tuple[float, list[npt.NDArray[Any]]]:
+    """A torch loss (a specification) on tensors of ``arrays``: its value and its gradients in the arrays at ``wrt``."""
+    import torch
+
+    tensors = [torch.tensor(a, requires_grad=i in wrt) for i, a in enumerate(arrays)]
+    value = loss(*tensors)
+    grads = torch.autograd.grad(value, [tensors[i] for i in wrt])
+    return float(value.detach()), [g.numpy() for g in grads]

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from messaging import ConfigurationError, Settings
 from messaging.settings import load
 from worker.job import JobConfig
-from worker.plugins.registry import DEFAULT_ENV_PACKAGES
+from worker.plugins.registry import DEFAULT_ENV_PACKAGES, import_env_packages
 
 _C = TypeVar("_C")
 _WORKER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -41,6 +41,28 @@ def role_config(cls: type[_C], env: Mapping[str, str] | None = None, **overrides
         ConfigurationError: a value does not parse or is out of range, or an override names no setting.
     """
     return load(cls, env, overrides)
+
+
+@dataclass(frozen=True)
+class EnvPackagesConfig:
+    """The setting every process that checks a job or makes envs reads first (see :func:`import_env_packages_of`)."""
+
+    env_packages: str = DEFAULT_ENV_PACKAGES
+    """Modules imported at start so their gymnasium ids register (comma-separated; missing ones are skipped)."""
+
+
+def import_env_packages_of(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Import the env packages ``WARREN_ENV_PACKAGES`` names (default ``ale_py``); returns the ones imported.
+
+    The same import a collector's plug-in registry makes at start, for every other process
+    that checks a job or makes its envs (``warren run``, the coordinator, the learner,
+    ``warren check``). Call it before the job is loaded: the job's env id is checked
+    against gymnasium's registry, which an env package's import fills.
+
+    Raises:
+        ConfigurationError: the variable does not parse, or a named module is installed but fails to import.
+    """
+    return import_env_packages(role_config(EnvPackagesConfig, env).env_packages, strict=True)
 
 
 def _check_metrics(port: int, addr: str) -> None:
@@ -77,7 +99,8 @@ class CollectorConfig:
     stall_timeout_s: float = 300.0
     """A task whose metadata nobody reads for this long (queue full) is abandoned, freeing the worker."""
     stop_grace_s: float = 20.0
-    """On SIGTERM, how long running work may take to finish before the worker exits anyway."""
+    """On SIGTERM, or a close, how long a running task may take to finish its step; a task
+    hung in a plug-in call is not waited for (see :data:`worker.collector.run.HUNG_CALL_S`)."""
     fsync: bool = False
     """fsync step files before publishing their metadata (survives host crashes, costs ~0.3 ms/file)."""
     step_compression: str = "auto"
@@ -139,22 +162,39 @@ class LearnerConfig:
     """torch intra-op threads of the learner; 0: the job's ``learner.torch_threads``, else 1.
     The numpy train steps' BLAS pool is sized by ``OPENBLAS_NUM_THREADS`` (1 unless set,
     see :mod:`worker.lifecycle`)."""
+    device: str = ""
+    """Where the learner trains (``auto``, ``cpu``, ``cuda``, ``cuda:N``); empty: the job's
+    ``learner.device``. This machine's setting, so it wins over the job's."""
     metrics_port: int = 0
     """Serve Prometheus metrics at ``http://<metrics_addr>:<port>/metrics``; 0: none."""
     metrics_addr: str = "127.0.0.1"
     """The address ``/metrics`` listens on (``0.0.0.0``: every interface, for a Prometheus elsewhere)."""
     tensorboard_dir: Path | None = None
     """Write TensorBoard event files under ``<dir>/learner``; ``None``: none."""
+    env_packages: str = DEFAULT_ENV_PACKAGES
+    """Modules imported at start, before the job is loaded (:func:`import_env_packages_of`), so that
+    its env id may be one they register (comma-separated; missing ones are skipped)."""
 
     def __post_init__(self) -> None:
+        from worker.devices import check_device_setting
+
         if self.torch_threads < 0:
             raise ConfigurationError(f"torch_threads must be >= 0, got {self.torch_threads!r}")
+        if self.device:
+            check_device_setting(self.device, "WARREN_DEVICE/--device")
         _check_metrics(self.metrics_port, self.metrics_addr)
 
     @property
     def learner_threads(self) -> int:
         """The torch threads the learner runs: this process's setting, else the job's, else 1."""
         return self.torch_threads or self.job.learner.torch_threads or 1
+
+    @property
+    def device_setting(self) -> tuple[str, str]:
+        """The device the learner trains on, unresolved, and what set it: this process's setting, else the job's."""
+        if self.device:
+            return self.device, "WARREN_DEVICE/--device"
+        return self.job.learner.device, "learner.device"
 
 
 @dataclass(frozen=True)
@@ -177,6 +217,9 @@ class CoordinatorConfig:
     """The address ``/metrics`` listens on (``0.0.0.0``: every interface, for a Prometheus elsewhere)."""
     tensorboard_dir: Path | None = None
     """Write TensorBoard event files under ``<dir>/coordinator``; ``None``: none."""
+    env_packages: str = DEFAULT_ENV_PACKAGES
+    """Modules imported at start, before the job is loaded (:func:`import_env_packages_of`), so that
+    its env id may be one they register (comma-separated; missing ones are skipped)."""
 
     def __post_init__(self) -> None:
         if self.progress not in ("auto", "line", "log", "off"):

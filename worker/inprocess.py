@@ -23,7 +23,7 @@ from worker.protocol import CollectorSpec
 from worker.rl.chunks import ChunkLayout, read_chunk
 from worker.rl.envs import VecEnvBatch
 from worker.rl.rollout import Rollout
-from worker.storage.policies import PolicySnapshot
+from worker.storage.policy_format import PolicySnapshot
 
 
 class _LearnerSink:
@@ -104,9 +104,9 @@ class InProcessJob:
             self.publish()
         return done
 
-    def evaluate(self, seed: int | None = None) -> float:
-        """The mean return of one eval task of the job with the published weights (fresh envs)."""
-        spec = self.job.eval_spec()
+    def evaluate(self, seed: int | None = None, spec: CollectorSpec | None = None) -> float:
+        """The mean return of one eval task with the published weights (fresh envs): the job's, or ``spec``."""
+        spec = spec or self.job.eval_spec()
         envs = job_envs(self.job, spec.env.env_num, spec.env.seed if seed is None else seed)
         try:
             rollout = Rollout(spec, self.algorithm, envs, _NullSink(), self, stop=threading.Event())

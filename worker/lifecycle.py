@@ -1,6 +1,8 @@
 """Process start-up: native thread pools sized for sharing cores, and signal handling.
 
-The first SIGTERM/SIGINT asks for a clean stop, the second exits at once.
+The first SIGTERM/SIGINT asks for a clean stop, the second exits at once; the first is
+remembered (:func:`stop_signal`), so a command it stopped exits with 128 + its number,
+as a shell reports a process a signal ended.
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ def single_threaded_math() -> None:
         os.environ.setdefault(variable, "1")
 
 
+#: The stop signals this process received, first first (see :func:`stop_signal`).
+_received: list[int] = []
+
+
+def stop_signal() -> int | None:
+    """The number of the first SIGTERM or SIGINT this process received (``None``: none).
+
+    ``warren run`` and ``warren coordinator`` exit with 128 + it when the signal, not an
+    error or a budget, ended the run.
+    """
+    return _received[0] if _received else None
+
+
 def install_stop_handlers(stop: threading.Event) -> None:
     """Route SIGTERM and SIGINT to ``stop``; a second signal ends the process immediately.
 
@@ -43,6 +58,7 @@ def install_stop_handlers(stop: threading.Event) -> None:
             logger.warning("second %s: exiting now", signal.Signals(signum).name)
             os._exit(128 + signum)
         logger.info("%s received: stopping cleanly (send it again to exit at once)", signal.Signals(signum).name)
+        _received.append(signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -54,6 +54,7 @@ from tests.fault_report import record, scaled
 from tests.faults.conftest import Cluster, LearnerStandIn
 from tests.procs import Proc
 from tests.rabbit_nodes import PrivateCluster, PrivateNode
+from worker.cli.exit_codes import ExitCode
 from worker.coordinator.bus import BrokerBus
 
 pytestmark = [pytest.mark.fault, pytest.mark.cluster, pytest.mark.timeout(420)]
@@ -577,7 +578,7 @@ def _node_loss_job(
     ended = take_for(PHASE_S)
     coordinator.popen.send_signal(signal.SIGTERM)
     learner.take_until(lambda: not coordinator.alive(), 60)
-    assert coordinator.wait(30) == 3, coordinator.log()[-3000:]
+    assert coordinator.wait(30) == ExitCode.TERMINATED, coordinator.log()[-3000:]  # the SIGTERM ended it
     learner.take_until(lambda: False, 3.0)  # what the end of the run left in the queue
     # Then the job went on making tasks while the node was down
     assert tasks_down, f"no task finished while {doomed.name} was down:\n{coordinator.log()[-3000:]}"

@@ -16,6 +16,7 @@ from tests.fault_report import record, scaled
 from tests.faults.conftest import Cluster, LearnerStandIn
 from tests.procs import Proc
 from tests.tasks import random_policy_cfg, start_task
+from worker.cli.exit_codes import ExitCode
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.fault]
 
@@ -229,7 +230,7 @@ def test_sigterm_to_every_role_exits_cleanly_and_leaves_nothing_unacked(
         proc.signal(signal.SIGTERM)
         exits[name] = proc.wait(40)
     # Then each exits on its own with its clean code, within the grace period
-    assert exits == {"coordinator": 3, "learner": 0, "c0": 0, "c1": 0}, exits
+    assert exits == {"coordinator": ExitCode.TERMINATED, "learner": 0, "c0": 0, "c1": 0}, exits
     assert time.monotonic() - started < 4 * 40
     # and no message of this run stays unacknowledged anywhere
     vhost = broker_admin.vhost_of(amqp_url)
@@ -240,4 +241,9 @@ def test_sigterm_to_every_role_exits_cleanly_and_leaves_nothing_unacked(
         return sum(int(q.get("messages_unacknowledged", 0)) for q in ours)
 
     broker_admin.wait_until(lambda: unacked() == 0, 15, "no unacked messages")
-    record("SIGTERM to every role", faults=4, clean_exits=sum(1 for c in exits.values() if c in (0, 3)), unacked=0)
+    record(
+        "SIGTERM to every role",
+        faults=4,
+        clean_exits=sum(1 for c in exits.values() if c in (0, ExitCode.TERMINATED)),
+        unacked=0,
+    )

@@ -217,6 +217,91 @@ def test_a_repeated_start_of_the_running_task_gets_the_same_answer_and_another_t
     client.call(control, {"name": "collector_close_task"})
 
 
+def read_stream_to_done(settings: Settings, queue: str) -> list[dict[str, Any]]:
+    """Every item of a task's metadata stream up to its ``collector_done`` info."""
+    messages: list[dict[str, Any]] = []
+    with BrokerLink(settings, "test-stream") as stream_link:
+        consumer = MetadataConsumer(stream_link, queue, prefetch=16)
+        while not messages or "data_id" in messages[-1] or not messages[-1]["collector_done"]:
+            item = consumer.get(10.0)
+            assert item is not None, "stream went silent"
+            messages.append(item.message)
+            item.ack()
+    return messages
+
+
+def test_a_task_started_free_when_done_frees_its_worker_before_the_close_which_still_answers_for_it(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings
+) -> None:
+    # Given one worker, and a task started with free_when_done
+    start_worker("w1")
+    tasks = Names(settings.prefix).collector_tasks
+    first = start_body("task-first", n_episode=1)
+    first["task_info"]["free_when_done"] = True
+    started = client.call(tasks, first)
+    assert started["free_when_done"] is True
+    # and the next start already waiting in the shared queue
+    second = start_body("task-second", n_episode=None, n_sample=10**6)
+    del second["task_info"]["collector_cfg"]["n_episode"]
+    waiting = client.send(tasks, second, timeout_s=30)
+    # When the first task is done (its stream says so) and nobody has closed it yet
+    assert read_stream_to_done(settings, started["metadata_queue"])[-1]["collector_done"] is True
+    # Then the worker takes the waiting start at once, with the first task still unclosed
+    assert client.wait(waiting, timeout_s=10)["task_id"] == "task-second"
+    resource = client.call(started["control_queue"], {"name": "resource"})
+    assert resource["busy"] is True and resource["task_id"] == "task-second"
+    # and a data task asks about the running one, not the one that waits for its close
+    assert client.call(started["control_queue"], {"name": "collector_data_task"})["task_id"] == "task-second"
+    # and the close of the first, by its id, answers with the first's finish_info
+    finish = client.call(started["control_queue"], close_task("task-first"))
+    assert finish["task_id"] == "task-first" and finish["collector_done"] is True and finish["real_episode_count"] == 3
+    # while the second runs on, to be closed by its own id
+    assert client.call(started["control_queue"], {"name": "resource"})["task_id"] == "task-second"
+    assert client.call(started["control_queue"], close_task("task-second"))["task_id"] == "task-second"
+
+
+def test_a_worker_publishes_its_tasks_through_one_connection_kept_from_task_to_task(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings, amqp_url: str
+) -> None:
+    # Given a worker that ran one task to its end and was closed
+    worker = start_worker("w1")
+    tasks = Names(settings.prefix).collector_tasks
+
+    def task_connections() -> set[str]:
+        mine = "warren-collector-w1-task@"
+        return {
+            c["name"]
+            for c in connections(amqp_url)
+            if c.get("client_properties", {}).get("connection_name", "").startswith(mine)
+            and c["client_properties"]["connection_name"].endswith(f":{worker.pid}")
+        }
+
+    for task_id in ("kept-1", "kept-2"):
+        started = client.call(tasks, start_body(task_id, n_episode=1))
+        read_stream_to_done(settings, started["metadata_queue"])
+        client.call(started["control_queue"], close_task(task_id))
+        if task_id == "kept-1":
+            wait_until(lambda: len(task_connections()) == 1, 30, "the task connection to be listed")
+            first = task_connections()
+    # Then the second task published through the first one's connection, still open, and no other
+    assert task_connections() == first
+
+
+def test_a_task_started_without_free_when_done_holds_its_worker_until_the_close(
+    start_worker: WorkerFactory, client: RpcClient, settings: Settings
+) -> None:
+    # Given a task started as DI-engine starts one (no free_when_done), done
+    start_worker("w1")
+    started = client.call(Names(settings.prefix).collector_tasks, start_body("task-legacy", n_episode=1))
+    assert "free_when_done" not in started
+    read_stream_to_done(settings, started["metadata_queue"])
+    # Then the worker stays busy with it until the close
+    resource = client.call(started["control_queue"], {"name": "resource"})
+    assert resource["busy"] is True and resource["task_id"] == "task-legacy"
+    assert client.call(started["control_queue"], {"name": "collector_close_task"})["task_id"] == "task-legacy"
+    assert client.call(started["control_queue"], {"name": "resource"})["busy"] is False
+
+
 def test_a_close_naming_another_task_is_refused_and_the_running_task_goes_on(
     start_worker: WorkerFactory, client: RpcClient, settings: Settings
 ) -> None:

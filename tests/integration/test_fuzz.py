@@ -628,6 +628,12 @@ REFUSALS: dict[str, tuple[Callable[[dict[str, Any]], None], Refusal]] = {
         ),
         Refusal.UNSUPPORTED_ENV,
     ),
+    "spaces of a kind warren does not carry": (
+        lambda c: c.update(
+            spaces={"observation": {"kind": "Text", "max_length": 8}, "action": {"kind": "Discrete", "n": 2}}
+        ),
+        Refusal.UNSUPPORTED_ENV,
+    ),
     "a dqn task with nowhere to read weights": (lambda c: c.pop("policy_update_path"), Refusal.BAD_COLLECTOR_CFG),
 }
 

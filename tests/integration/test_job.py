@@ -20,6 +20,8 @@ from messaging import BrokerLink, Names, RpcClient, Settings
 from tests.broker_admin import queues, wait_until
 from tests.observe import free_port_block, scalars, scrape, total
 from tests.procs import Proc, role_env, wait_for_queue
+from worker.cli.exit_codes import ExitCode
+from worker.storage import PolicyStore
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -77,17 +79,24 @@ def test_two_collectors_train_cartpole_to_the_stop_value(settings: Settings, tmp
     assert [step for step, _ in run_curves["eval/return"]] == [r["env_steps"] for r in evals]
     assert [value for _, value in run_curves["eval/return"]] == pytest.approx([r["reward_mean"] for r in evals])
     assert run_curves["eval/return"][-1][1] >= 195.0
+    # The run ended on a confirmed eval of a trained policy, and left that policy, kept, in its policy file
+    (deciding,) = [r for r in evals if r.get("success")]
+    assert deciding["confirms"] and deciding["train_iter"] == summary["policy_evaluated"] >= 1
+    assert summary["policy_left"] == summary["policy_evaluated"]
+    store = PolicyStore(tmp_path / "run" / "policy")
+    assert store.version("policy_main") == summary["policy_evaluated"] and store.is_kept("policy_main")
     assert {"collect/episode_return", "collect/episode_length", "throughput/env_steps_per_s"} <= run_curves.keys()
     assert run_curves["run/tasks_rerun"][-1][1] == summary["tasks_rerun"]
     assert {"learner/loss", "learner/grad_norm", "learner/policy_lag", "learner/samples_per_s"} <= learner_curves.keys()
 
 
 def test_a_collector_killed_mid_task_does_not_stop_the_run(settings: Settings, tmp_path: Path, link: Any) -> None:
-    # Given a coordinator, a learner and three collectors with long collect tasks
+    # Given a coordinator, a learner and three collectors with long collect tasks, one per
+    # collector and one more waiting in the task queue for the next free collector
     job = tmp_path / "job.toml"
     job.write_text(  # few envs and many samples: a task lasts about a second, long enough to kill into
         "[env]\ncollector_env_num = 8\n[collector]\nn_sample = 16384\n"
-        "[coordinator]\ncollect_tasks = 2\neval_interval_s = 5.0\nmax_run_ahead_samples = 32768\n"
+        "[coordinator]\nstart_ahead = 1\neval_interval_s = 5.0\nmax_run_ahead_samples = 65536\n"
     )
     volume = {"WARREN_PATH_DATA": str(tmp_path / "data"), "WARREN_PATH_POLICY": str(tmp_path / "policy")}
     procs: list[Proc] = []
@@ -112,7 +121,7 @@ def test_a_collector_killed_mid_task_does_not_stop_the_run(settings: Settings, t
                 "log",
                 "--max-time-s",
                 "200",
-                # Learning, not the budget, ends the run: 400k env steps (the default) were not always enough
+                # Learning, not the budget, ends the run (400k env steps, the old default, were not always enough)
                 "--max-env-steps",
                 "4000000",
             ],
@@ -180,7 +189,7 @@ def test_ctrl_c_stops_the_whole_job_and_leaves_no_process(settings: Settings, tm
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     summary = json.loads((workdir / "summary.json").read_text())
-    assert run.returncode == 3 and summary["reason"] == "stopped by signal"
+    assert run.returncode == ExitCode.INTERRUPTED == 128 + signal.SIGINT and summary["reason"] == "stopped by signal"
     assert all(code == 0 for code in summary["children_exit_codes"].values()), summary["children_exit_codes"]
     assert not any(_alive(pid) for pid in summary["children_pids"].values())
 
@@ -216,7 +225,10 @@ def test_collect_tasks_follow_the_number_of_workers(settings: Settings, tmp_path
     # Then all three workers collected at the same time
     lines = (tmp_path / "run.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    concurrent = max(len(r["running"]) for r in records if r["kind"] == "checkpoint")
+    # (a task done but not closed yet no longer holds its worker: not counted)
+    concurrent = max(
+        sum(not task["done"] for task in r["running"].values()) for r in records if r["kind"] == "checkpoint"
+    )
     assert concurrent == 3
     assert {r["worker_id"] for r in records if r["kind"] == "task"} == {"w0", "w1", "w2"}
     assert "one collect task per worker" in coordinator.log()
@@ -419,11 +431,13 @@ def test_a_collector_started_elsewhere_joins_a_named_run(settings: Settings, tmp
 
         wait_until(both_collected_together, 120, "collect tasks run by c0 and the joined collector at once")
         run.send_signal(signal.SIGINT)
-        assert run.wait(90) == 3, log.read_text()[-3000:]
-        # A named run leaves its task queue to the collectors still listening, and deletes its learner's queue
+        assert run.wait(90) == ExitCode.INTERRUPTED, log.read_text()[-3000:]
+        # A named run leaves its task queue and roster to the collectors still listening, and deletes its
+        # learner's queue
         assert procs[0].alive()
         with BrokerLink(settings, "test-check") as link:  # a fresh link: one idle through the run may be gone
             assert link.queue_exists(names.collector_tasks)
+            assert link.exchange_exists(names.collector_roster)
             assert not link.queue_exists(names.learner_data("main"))
         assert "kept " + names.collector_tasks in log.read_text()
     finally:
@@ -436,3 +450,4 @@ def test_a_collector_started_elsewhere_joins_a_named_run(settings: Settings, tmp
             link.delete_queue(names.collector_tasks)
             link.delete_queue(names.dead_letter_queue)
             link.delete_exchange(names.dead_letter_exchange)
+            link.delete_exchange(names.collector_roster)

@@ -1,17 +1,31 @@
-"""docs/protocol.md says how a third-party client must declare every queue: do that, then let
-warren declare its own, and the broker must find them equal (a mismatch is PRECONDITION_FAILED)."""
+"""docs/protocol.md as a third-party client reads it, checked against warren.
+
+How to declare every queue: do that, then let warren declare its own, and the broker must
+find them equal (a mismatch is PRECONDITION_FAILED). How to write spaces and compute their
+digest: the doc's worked examples, hashed the way the doc says, and a task whose spaces
+are written another way still gets policy files named by the doc's digest accepted."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import msgpack
 import pika
 import pytest
 
 from messaging import BrokerLink, ConfigurationError, Names, QueueTypeMismatch, Settings
 from messaging.rpc_client import RpcClient
+from tests.procs import Proc, role_env, wait_for_queue
+from tests.rl_builders import bound
+from tests.tasks import drain_data_tasks, start_task
+from worker.plugins import Spaces
+from worker.storage import PolicyStore
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -133,3 +147,124 @@ def test_a_queue_of_the_other_type_is_refused_with_a_message_naming_queue_and_se
     assert Names.of(settings).collector_tasks in refused.value.message
     assert "WARREN_QUEUE_TYPE" in refused.value.message
     assert isinstance(refused.value, ConfigurationError)
+
+
+# -- section 7: spaces and their digest ---------------------------------------------------
+
+
+def spaces_section() -> str:
+    text = DOC.read_text()
+    return text[text.index("## 7. Spaces") :]
+
+
+def documented_examples() -> dict[str, tuple[dict[str, Any], str]]:
+    """``{env id: (canonical spaces, digest)}`` of the section's worked examples."""
+    section = spaces_section()
+    examples = {}
+    for env_id in ("ALE/Pong-v5", "CartPole-v1"):
+        after = section[section.index(f"`{env_id}`") :]
+        block = re.search(r"```json\n(.*?)```", after, re.DOTALL)
+        digest = re.search(r"digest `([0-9a-f]{16})`", after)
+        assert block is not None and digest is not None, env_id
+        examples[env_id] = (json.loads(block.group(1)), digest.group(1))
+    return examples
+
+
+def digest_as_the_doc_says(canonical: dict[str, Any]) -> tuple[bytes, str]:
+    """The bytes and the digest of canonical spaces, computed from the doc's recipe alone (not warren's code)."""
+
+    def sorted_keys(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: sorted_keys(value[key]) for key in sorted(value)}
+        if isinstance(value, list):
+            return [sorted_keys(item) for item in value]
+        return value
+
+    body = msgpack.packb(sorted_keys(canonical), use_bin_type=True)
+    return body, hashlib.sha256(body).hexdigest()[:16]
+
+
+def test_the_worked_examples_of_spaces_hash_to_the_documented_digests_as_warren_computes_them() -> None:
+    examples = documented_examples()
+    for env_id, (canonical, digest) in examples.items():
+        # Given a third party that writes the canonical form and hashes it as the doc says
+        _, computed = digest_as_the_doc_says(canonical)
+        # Then it gets the doc's digest, and so does warren, for the doc's form and the env's own spaces
+        assert computed == digest, env_id
+        assert Spaces.from_wire(canonical).digest == digest and Spaces.from_wire(canonical).to_wire() == canonical
+    cartpole = gym.make("CartPole-v1")
+    assert Spaces(cartpole.observation_space, cartpole.action_space).to_wire() == examples["CartPole-v1"][0]
+    # and the bytes the doc lists are the bytes hashed, byte for byte
+    pong, _ = examples["ALE/Pong-v5"]
+    dump = re.search(r"The 89 bytes hashed.*?```text\n(.*?)```", spaces_section(), re.DOTALL)
+    assert dump is not None
+    assert bytes.fromhex(dump.group(1)) == digest_as_the_doc_says(pong)[0]
+
+
+def pong_as_written_elsewhere(pong: dict[str, Any]) -> list[dict[str, Any]]:
+    """The other writings of Pong's spaces the doc names: float bounds, an infinite high bound, no start."""
+    observation, action = pong["observation"], pong["action"]
+    return [
+        {"observation": {**observation, "low": 0.0, "high": 255.0}, "action": action},
+        {"observation": {**observation, "high": "inf"}, "action": action},
+        {"observation": observation, "action": {"kind": "Discrete", "n": action["n"]}},
+    ]
+
+
+def test_every_writing_of_pongs_spaces_the_doc_names_has_the_documented_digest() -> None:
+    pong, digest = documented_examples()["ALE/Pong-v5"]
+    for writing in pong_as_written_elsewhere(pong):
+        # (its own bytes hash to something else: the digest is of the canonical form only)
+        assert digest_as_the_doc_says(writing)[1] != digest
+        assert Spaces.from_wire(writing).digest == digest
+        assert Spaces.from_wire(writing).to_wire() == pong
+
+
+@pytest.fixture
+def pong_worker(settings: Settings, link: BrokerLink, tmp_path: Path) -> Iterator[Path]:
+    pytest.importorskip("ale_py")
+    for folder in ("data", "policy"):
+        (tmp_path / folder).mkdir()
+    worker = Proc(
+        ["collector", "--worker-id", "doc1", "--policy-wait-s", "20", "--data-wait-s", "20"],
+        env=role_env(settings, WARREN_PATH_DATA=str(tmp_path / "data"), WARREN_PATH_POLICY=str(tmp_path / "policy")),
+        log=tmp_path / "worker.log",
+    )
+    try:
+        wait_for_queue(link, Names(settings.prefix).collector_control("doc1"))
+        yield tmp_path
+    finally:
+        worker.kill()
+
+
+def test_a_pong_task_with_float_bounds_accepts_a_policy_file_named_by_the_documented_digest(
+    pong_worker: Path, settings: Settings
+) -> None:
+    pong, digest = documented_examples()["ALE/Pong-v5"]
+    float_bounds = pong_as_written_elsewhere(pong)[0]
+    model = {"features": 8}
+    # Given a third party's policy file for Pong, named by the digest the doc gives
+    spaces = Spaces.from_wire(pong)
+    net = bound("dqn", spaces, model, model_name="nature_cnn").q_network(0)  # type: ignore[attr-defined]
+    PolicyStore(pong_worker / "policy").write(
+        "pong", net.state_dict(), 7, {"algorithm": "dqn", "spaces_digest": digest}
+    )
+    # When it starts a task whose spaces carry float bounds
+    cfg = {
+        "env": {"id": "ALE/Pong-v5", "env_num": 1, "seed": 0},
+        "policy": {"type": "dqn", "model": "nature_cnn", "model_config": model},
+        "spaces": float_bounds,
+        "n_sample": 24,
+        "traj_len": 8,
+        "collect_setting": {"eps": 0.5},
+        "policy_update_path": "pong",
+    }
+    with RpcClient(settings, "doc-pong") as client:
+        started = client.call(Names(settings.prefix).collector_tasks, start_task("pong-1", cfg), timeout_s=60)
+        items = drain_data_tasks(client, started["control_queue"])
+        client.call(started["control_queue"], {"name": "collector_close_task", "task_id": "pong-1"})
+    # Then the worker acted with that policy file: every chunk names its version, and no error
+    assert started["spaces"] == pong  # (the start reply carries the env's spaces in their canonical form)
+    data = [item for item in items if "data_id" in item]
+    assert data and {item["policy_iter"] for item in data} == {7}
+    assert "error" not in items[-1] and sum(item["sample_count"] for item in data) >= 24

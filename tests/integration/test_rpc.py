@@ -15,11 +15,11 @@ from messaging import (
     QueueNotFound,
     RemoteError,
     Request,
+    RequestRefused,
     RpcClient,
     RpcServer,
     RpcTimeout,
     Settings,
-    TaskError,
     encode,
 )
 from tests import broker_admin
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.rabbitmq
 def echo_handler(request: Request) -> dict[str, Any]:
     body = request.body
     if body.get("name") == "refuse":
-        raise TaskError("refused on purpose", {"message": "task name error"})
+        raise RequestRefused("refused on purpose", {"message": "task name error"})
     if body.get("name") == "crash":
         raise RuntimeError("handler bug")
     if body.get("name") == "sleep":

@@ -23,7 +23,7 @@ from messaging import BrokerLink, Names, Settings
 from tests.broker_admin import wait_until
 from tests.procs import role_env
 from worker.cli import main
-from worker.cli.cleanup import sweep_interrupted_runs
+from worker.cli.cleanup import remove_run_topology, sweep_interrupted_runs
 from worker.cli.run_dir import LOCK_NAME, RunLock, RunState, new_record, state_of
 
 pytestmark = pytest.mark.rabbitmq
@@ -173,6 +173,7 @@ def exists(settings: Settings, queue: str) -> bool:
 def test_a_clean_up_removes_only_what_interrupted_runs_left(settings: Settings, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     dead, dead_names, dead_lock = fake_run(settings, runs, "dead")
+    declare_roster(settings, dead_names)  # its collectors' roster exchange
     dead_lock.unlock()  # its process died
     alive, alive_names, alive_lock = fake_run(settings, runs, "alive")
     stopping, stopping_names, stopping_lock = fake_run(settings, runs, "stopping")
@@ -187,6 +188,7 @@ def test_a_clean_up_removes_only_what_interrupted_runs_left(settings: Settings, 
         sweep_interrupted_runs(runs, settings, skip=tmp_path / "runs" / "me")
         for queue in (dead_names.learner_data("main"), dead_names.collector_tasks, dead_names.dead_letter_queue):
             assert not exists(settings, queue), queue
+        assert not exchange_exists(settings, dead_names.collector_roster)
         assert not list((dead / "data").iterdir()) and state_of(dead) is RunState.ENDED
         assert summary_of(dead)["reason"].startswith("interrupted")
         assert exists(settings, alive_names.learner_data("main")) and list((alive / "data").iterdir())
@@ -206,3 +208,55 @@ def test_a_clean_up_removes_only_what_interrupted_runs_left(settings: Settings, 
         for queue in (alive_names.learner_data("main"), alive_names.collector_tasks, alive_names.dead_letter_queue):
             link.delete_queue(queue)
         link.delete_exchange(alive_names.dead_letter_exchange)
+
+
+def exchange_exists(settings: Settings, exchange: str) -> bool:
+    with BrokerLink(settings, "test-check", declare_dead_letters=False) as link:
+        return link.exchange_exists(exchange)
+
+
+def declare_roster(settings: Settings, names: Names) -> None:
+    """What a run's collector declares: the roster exchange, with its control queue bound to it (then gone)."""
+    with BrokerLink(settings.replace(prefix=names.prefix), "test-collector") as link:
+        link.declare(names.collector_control_decl("c0"))
+        link.delete_queue(names.collector_control("c0"))
+
+
+def test_a_run_deletes_its_roster_exchange_at_its_end_and_a_named_run_keeps_it_for_joined_collectors(
+    settings: Settings,
+) -> None:
+    for named in (False, True):
+        names = Names(f"{settings.prefix}-{'named' if named else 'plain'}")
+        declare_roster(settings, names)
+        assert exchange_exists(settings, names.collector_roster)
+        assert remove_run_topology(settings.replace(prefix=names.prefix), "main", keep_shared=named)
+        assert exchange_exists(settings, names.collector_roster) is named, names.prefix
+    with BrokerLink(settings.replace(prefix=names.prefix), "test-cleanup") as link:
+        link.delete_queue(names.collector_tasks)
+        link.delete_queue(names.dead_letter_queue)
+        link.delete_exchange(names.dead_letter_exchange)
+        link.delete_exchange(names.collector_roster)
+
+
+def test_warren_clean_removes_what_an_ended_run_kept_and_says_only_what_it_removed_this_time(
+    settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a run that ended (an older warren's: it left its roster exchange too)
+    workdir, names, lock = fake_run(settings, tmp_path / "runs", "old")
+    declare_roster(settings, names)
+    with BrokerLink(settings, "test") as link:
+        link.delete_queue(names.learner_data("main"))  # a run deletes its learner's queue at its end
+    lock.release()
+    assert state_of(workdir) is RunState.ENDED
+    argv = ["clean", str(workdir), "--amqp-url", settings.amqp_url]
+    # When warren clean runs, it removes them and says so
+    assert main(argv) == 0
+    removed = [names.collector_tasks, names.dead_letter_queue, names.dead_letter_exchange, names.collector_roster]
+    assert f"removed what run old kept: {', '.join(removed)}" in capsys.readouterr().err
+    assert not exists(settings, names.collector_tasks) and not exists(settings, names.dead_letter_queue)
+    assert not exchange_exists(settings, names.dead_letter_exchange)
+    assert not exchange_exists(settings, names.collector_roster)
+    # and run again, it finds nothing, says nothing, and looking brought nothing back
+    assert main(argv) == 0
+    assert "removed" not in capsys.readouterr().err
+    assert not exists(settings, names.dead_letter_queue) and not exchange_exists(settings, names.dead_letter_exchange)

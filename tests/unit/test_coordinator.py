@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from messaging import MessagingError, Settings
 from tests.fake_bus import FakeBus, Sent
@@ -27,23 +28,32 @@ from worker.coordinator.progress import status_text
 from worker.coordinator.roster import Requirement, Roster
 from worker.coordinator.stats import RunStats
 from worker.coordinator.task import Kind, State
+from worker.errors import PolicyKept
 from worker.job import JobConfig
 from worker.plugins import installed
 from worker.protocol import DataItem, FinishInfo, InfoItem, Refusal, StartReply, StartTask, TaskName
+from worker.storage import PolicyStore
 
 PREFIX = "p"
 
 
-def make(tmp_path: Path, *, idle: int = 1, collect_tasks: int = 0, **coordinator: Any) -> tuple[Coordinator, FakeBus]:
+def make(
+    tmp_path: Path, *, idle: int = 1, collect_tasks: int = 0, env: dict[str, Any] | None = None, **coordinator: Any
+) -> tuple[Coordinator, FakeBus]:
     settings = {"collect_tasks": collect_tasks, "eval_interval_s": 3600.0, **coordinator}
-    job = JobConfig.load(None, **{f"coordinator.{k}": v for k, v in settings.items()})
+    overrides = {f"coordinator.{k}": v for k, v in settings.items()} | {f"env.{k}": v for k, v in (env or {}).items()}
+    job = JobConfig.load(None, **overrides)
     config = CoordinatorConfig(
-        transport=Settings(prefix=PREFIX), job=job, run_log=tmp_path / "run.jsonl", progress="off"
+        transport=Settings(prefix=PREFIX),
+        job=job,
+        run_log=tmp_path / "run.jsonl",
+        progress="off",
+        path_policy=tmp_path / "policy",  # made by the tests that have a learner's policy file
     )
     bus = FakeBus(idle_workers=idle)
     coordinator_ = Coordinator(config, bus=bus)
     bus.open()
-    coordinator_._idle_workers = idle
+    coordinator_.schedule.idle_workers = idle
     return coordinator_, bus
 
 
@@ -92,24 +102,81 @@ def started(bus: FakeBus, coordinator: Coordinator, worker: str = "w1") -> tuple
     return sent, reply.metadata_queue
 
 
+def last_close(bus: FakeBus) -> Sent:
+    """The newest close request sent."""
+    return [s for s in bus.sent if s.body.get("name") == TaskName.CLOSE.value][-1]
+
+
 def records(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
     lines = (tmp_path / "run.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def test_one_collect_task_is_started_per_idle_worker(tmp_path: Path) -> None:
+def test_one_collect_task_is_started_per_idle_worker_and_one_waits_for_the_next_free_worker(tmp_path: Path) -> None:
     # Given three workers listening on the task queue (and room for their tasks in the rate limit)
     coordinator, bus = make(tmp_path, idle=3, max_run_ahead_samples=10**6)
     # When the coordinator runs a turn
     coordinator.turn()
-    # Then it sent three valid collect tasks to the shared queue, no more
+    # Then it sent three valid collect tasks to the shared queue, and one more to wait there
+    # (start_ahead -1: one per 8 collectors, at least one), each free when done
     starts = bus.starts()
-    assert len(starts) == 3
+    assert len(starts) == 4
     assert {s.queue for s in starts} == {"p.collector.tasks"}
     tasks = [StartTask.from_wire(s.body) for s in starts]
-    assert all(t.cfg.n_sample and not t.cfg.eval_flag for t in tasks)
+    assert all(t.cfg.n_sample and not t.cfg.eval_flag and t.free_when_done for t in tasks)
+    coordinator.turn()
+    assert len(bus.starts()) == 4
+
+
+def test_with_no_start_ahead_exactly_one_collect_task_is_started_per_idle_worker(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=3, max_run_ahead_samples=10**6, start_ahead=0)
+    coordinator.turn()
     coordinator.turn()
     assert len(bus.starts()) == 3
+
+
+def test_the_starts_waiting_ahead_grow_with_the_collectors_counted(tmp_path: Path) -> None:
+    # Given 17 collectors, all busy with tasks of this run
+    coordinator, bus = make(tmp_path, idle=17, max_run_ahead_samples=10**9)
+    coordinator.turn()
+    for n, sent in enumerate(bus.starts()[:17]):
+        bus.accept(sent, f"w{n}", frees=True)
+    coordinator.turn()
+    bus.idle_workers = 0
+    # When the coordinator counts the workers again
+    coordinator.schedule.count_idle_workers()
+    coordinator.turn()
+    # Then three starts wait for the next free worker (one per 8 collectors, rounded up)
+    waiting = [t for t in coordinator.driver.tasks.values() if t.state.value == "starting"]
+    assert coordinator.schedule.start_ahead() == 3 and len(waiting) == 3
+
+
+def test_a_task_done_on_a_worker_that_frees_itself_lets_the_next_start_go_before_its_close(tmp_path: Path) -> None:
+    # Given one worker running a task it said it frees itself from once done, no start waiting ahead
+    coordinator, bus = make(tmp_path, idle=1, max_run_ahead_samples=10**6, start_ahead=0)
+    coordinator.turn()
+    first = bus.starts()[0]
+    reply = bus.accept(first, "w1", frees=True)
+    coordinator.turn()
+    assert len(bus.starts()) == 1
+    # When its stream says it is done
+    task_id = StartTask.from_wire(first.body).task_id
+    bus.push(reply.metadata_queue, info(task_id, steps=100, done=True))
+    coordinator.turn()
+    # Then the next start went out in the same turn as the close of the task before
+    closes = [s for s in bus.sent if s.body.get("name") == TaskName.CLOSE.value]
+    assert len(bus.starts()) == 2 and [c.body["task_id"] for c in closes] == [task_id]
+
+
+def test_a_done_task_on_a_worker_that_did_not_say_it_frees_itself_holds_it_until_the_close(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=1, max_run_ahead_samples=10**6, start_ahead=0)
+    coordinator.turn()
+    first = bus.starts()[0]
+    reply = bus.accept(first, "w1")  # an older worker: no free_when_done in its reply
+    coordinator.turn()
+    bus.push(reply.metadata_queue, info(StartTask.from_wire(first.body).task_id, steps=100, done=True))
+    coordinator.turn()
+    assert len(bus.starts()) == 1
 
 
 def test_collection_never_runs_further_ahead_of_the_learner_than_the_limit(tmp_path: Path) -> None:
@@ -125,12 +192,12 @@ def test_collection_never_runs_further_ahead_of_the_learner_than_the_limit(tmp_p
     coordinator.turn()
     bus.push(reply.metadata_queue, {**data(reply.task_id, 1, steps=n_sample), "sample_count": n_sample})
     bus.push(reply.metadata_queue, info(reply.task_id, steps=n_sample, done=True))
+    bus.learner_backlog = 1  # the chunk is forwarded, and waits in the learner's queue
     coordinator.turn()
-    bus.replies[bus.sent[-1].correlation_id] = finished(
+    bus.replies[last_close(bus).correlation_id] = finished(
         eval_flag=False, train_iter=0, steps=n_sample, returns=[]
     ).to_wire()
-    bus.learner_backlog = 1
-    coordinator._idle_workers = 3
+    coordinator.schedule.idle_workers = 3
     coordinator.turn()
     coordinator.turn()
     # Then no new task starts until the learner takes that chunk in
@@ -226,24 +293,102 @@ def test_collector_done_closes_the_task_and_logs_its_finish_info(tmp_path: Path)
     assert len(bus.starts()) == 2
 
 
-def test_an_eval_reaching_the_stop_value_ends_the_run(tmp_path: Path) -> None:
-    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=0.0)
+def run_eval(bus: FakeBus, coordinator: Coordinator, *, train_iter: int, returns: list[float]) -> StartTask:
+    """Turn until an eval task starts, let it end with ``returns`` by policy ``train_iter``; returns its start."""
     coordinator.turn()
-    evals = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag]
-    assert len(evals) == 1
-    reply = bus.accept(evals[0], "w9")
+    sent = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag][-1]
+    reply = bus.accept(sent, "w9")
     coordinator.turn()
-    task_id = reply.task_id
-    bus.push(reply.metadata_queue, info(task_id, steps=1000, done=True))
+    bus.push(reply.metadata_queue, info(reply.task_id, steps=1000, done=True))
     coordinator.turn()
     bus.replies[bus.sent[-1].correlation_id] = finished(
-        eval_flag=True, train_iter=99, steps=1000, returns=[200.0] * 5
+        eval_flag=True, train_iter=train_iter, steps=1000, returns=returns
     ).to_wire()
     coordinator.turn()
+    return StartTask.from_wire(sent.body)
+
+
+def test_an_eval_reaching_the_stop_value_ends_the_run_when_confirmation_is_off(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=0.0, env={"confirm_episodes": 0})
+    run_eval(bus, coordinator, train_iter=99, returns=[200.0] * 5)
     assert coordinator.success and coordinator._finished()
     assert coordinator.stats.best_eval == 200.0
     (record,) = records(tmp_path, "eval")
-    assert record["reward_mean"] == 200.0 and record["train_iter"] == 99
+    assert record["reward_mean"] == 200.0 and record["train_iter"] == 99 and record["success"] is True
+    summary = coordinator.summary()
+    assert (summary["policy_evaluated"], summary["best_eval_policy"], summary["confirm_eval"]) == (99, 99, None)
+
+
+def test_an_eval_at_the_stop_value_ends_the_run_only_once_more_episodes_of_that_policy_reach_it_too(
+    tmp_path: Path,
+) -> None:
+    # Given an eval of policy 99 whose five episodes reach the stop value
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
+    coordinator.schedule.next_eval = 0.0
+    first = run_eval(bus, coordinator, train_iter=99, returns=[200.0] * 5)
+    # Then the run does not end yet: the next eval, at once, confirms it over 20 other episodes
+    assert not coordinator.success
+    confirmation = run_eval(bus, coordinator, train_iter=99, returns=[190.0, 230.0] * 10)
+    spec = confirmation.cfg
+    assert (spec.env.env_num, spec.n_episode, spec.policy_update_path) == (20, 1, first.cfg.policy_update_path)
+    assert spec.env.seed != first.cfg.env.seed
+    # And their mean (210) reaching it too ends the run, naming the policy evaluated
+    assert coordinator.success and "confirmed: 210.0 over 20" in coordinator.reason
+    passed, confirmed = records(tmp_path, "eval")
+    assert "success" not in passed and confirmed["confirms"] == passed["task_id"] and confirmed["success"] is True
+    summary = coordinator.summary()
+    assert (summary["policy_evaluated"], summary["confirm_eval"]) == (99, 210.0)
+
+
+def test_an_eval_whose_confirmation_misses_the_stop_value_lets_the_run_go_on(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
+    coordinator.schedule.next_eval = 0.0
+    run_eval(bus, coordinator, train_iter=40, returns=[200.0] * 5)
+    # When the policy's 20 other episodes average 150
+    run_eval(bus, coordinator, train_iter=40, returns=[150.0] * 20)
+    # Then the run goes on, and the next eval is a regular one again, an hour later
+    assert not coordinator.success and not coordinator._finished()
+    coordinator.turn()
+    assert len([s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag]) == 2
+    assert coordinator.summary()["policy_evaluated"] is None
+
+
+def test_an_eval_of_the_untrained_policy_cannot_end_the_run(tmp_path: Path) -> None:
+    # Given a job without confirmation, and an eval of policy version 0 (no update yet) returning 500
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0, env={"confirm_episodes": 0})
+    coordinator.schedule.next_eval = 0.0
+    run_eval(bus, coordinator, train_iter=0, returns=[500.0] * 5)
+    # Then the run goes on, and no confirmation is started either
+    assert not coordinator.success and not coordinator._finished()
+    assert coordinator.stop_rule.confirming is None
+    assert coordinator.summary()["best_eval_policy"] == 0
+
+
+def test_the_policy_a_run_leaves_is_the_one_its_eval_passed_not_the_learners_newest(tmp_path: Path) -> None:
+    # Given the learner's policy file at version 5 when an eval starts
+    store = PolicyStore(tmp_path / "policy")
+    store.write("policy_main", {"w": torch.zeros(2)}, iter=5)
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
+    coordinator.schedule.next_eval = 0.0
+    first = run_eval(bus, coordinator, train_iter=5, returns=[200.0] * 5)
+    # (the eval reads a copy; the learner has gone on to version 9 by the confirmation)
+    assert first.cfg.policy_update_path == "policy_main.eval"
+    store.write("policy_main", {"w": torch.ones(2)}, iter=9)
+    run_eval(bus, coordinator, train_iter=5, returns=[199.0] * 20)
+    assert coordinator.success
+    # When the run ends
+    coordinator._shutdown()
+    # Then the policy file is version 5, its weights, kept: the learner's next write is refused
+    left = store.read("policy_main")
+    assert left is not None and left.iter == 5 and torch.equal(left.state_dict["w"], torch.zeros(2))
+    with pytest.raises(PolicyKept):
+        store.write("policy_main", {"w": torch.ones(2)}, iter=10)
+    (summary,) = records(tmp_path, "summary")
+    assert summary["policy_evaluated"] == summary["policy_left"] == 5
+    assert not (tmp_path / "policy" / "policy_main.eval").exists()
+    # And the next run's coordinator releases it for its learner
+    make(tmp_path)[0].policy.release()
+    assert not store.is_kept("policy_main")
 
 
 def test_a_busy_worker_refusal_frees_the_slot_for_a_new_task(tmp_path: Path) -> None:
@@ -253,7 +398,7 @@ def test_a_busy_worker_refusal_frees_the_slot_for_a_new_task(tmp_path: Path) -> 
     bus.refuse(first, Refusal.WORKER_BUSY.value)
     coordinator.turn()
     assert coordinator.stats.tasks_rerun == 1
-    coordinator._fill_after = 0.0  # past the back-off
+    coordinator.schedule.fill_after = 0.0  # past the back-off
     coordinator.turn()
     assert len(bus.starts()) == 2
     assert StartTask.from_wire(bus.starts()[1].body).task_id != StartTask.from_wire(first.body).task_id
@@ -342,7 +487,7 @@ def test_a_task_whose_metadata_queue_died_with_its_node_is_run_again_and_its_wor
     # Then the task is given up at once and run again (its worker lives on another node)
     assert task_id not in coordinator.driver.tasks
     assert coordinator.stats.tasks_rerun == 1
-    assert bus.sent[-1].body == {"name": TaskName.CLOSE.value, "task_id": task_id}
+    assert last_close(bus).body == {"name": TaskName.CLOSE.value, "task_id": task_id}
     assert queue in bus.deleted
     # and what was read before is kept
     assert [m["data_id"] for _, m in bus.forwarded] == [f"env_0_{task_id}_1"]
@@ -559,7 +704,7 @@ def test_transient_refusals_back_off_instead_of_resending_every_turn(tmp_path: P
     for _ in range(20):  # a second of loop turns would have been 20 start requests before
         coordinator.turn()
     assert len(bus.starts()) == 1
-    coordinator._fill_after = 0.0  # the pause is over
+    coordinator.schedule.fill_after = 0.0  # the pause is over
     coordinator.turn()
     assert len(bus.starts()) == 2
     assert not coordinator._finished()
@@ -627,7 +772,7 @@ def test_the_roster_asks_every_collector_for_its_plugins_and_the_shared_queue_se
     assert all(s.body.get("name") != TaskName.RESOURCE.value for s in bus.sent)
     # and, nobody lacking anything, the starts went to the shared task queue as always
     assert not coordinator.roster.mixed and coordinator.roster.lacking == {}
-    assert {s.queue for s in bus.starts()} == {"p.collector.tasks"} and len(bus.starts()) == 2
+    assert {s.queue for s in bus.starts()} == {"p.collector.tasks"} and len(bus.starts()) == 3  # one ahead
 
 
 def test_once_a_worker_lacks_the_jobs_algorithm_starts_go_only_to_workers_that_have_it(tmp_path: Path) -> None:
@@ -683,7 +828,7 @@ def test_a_missing_plugin_refusal_marks_that_worker_and_the_run_goes_on_elsewher
     assert not coordinator._finished() and coordinator.error is None
     assert "w2" in coordinator.roster.lacking and coordinator.stats.tasks_rerun == 0
     heard(coordinator)
-    coordinator._fill_after = 0.0
+    coordinator.schedule.fill_after = 0.0
     coordinator.turn()
     assert [s.queue for s in bus.starts()] == ["p.collector.tasks", "p.collector.control.w1"]
 
@@ -750,7 +895,7 @@ def test_an_eval_cut_short_by_the_end_of_the_run_is_no_warning(
     coordinator.turn()
     # When the shutdown closes it and its worker answers with no episode finished
     coordinator.stop.set()
-    with caplog.at_level("INFO", logger="worker.coordinator.loop"):
+    with caplog.at_level("INFO", logger="worker.coordinator.stop_rule"):
         coordinator.driver.close_all()
         bus.replies[bus.sent[-1].correlation_id] = finished(
             eval_flag=True, train_iter=9, steps=40, returns=[]

@@ -13,9 +13,10 @@ from torch import nn
 
 from tests.rl_builders import bound, chunk_fields, flat_spaces
 from worker.algorithms.dqn import DQN, DQNConfig
-from worker.algorithms.dqn.fast import NumpyDQNStep
-from worker.algorithms.dqn.learner import DQNLearner, TorchDQNStep
+from worker.algorithms.dqn.learner import DQNLearner
 from worker.algorithms.dqn.network import QNetwork
+from worker.algorithms.dqn.numpy_step import NumpyDQNStep
+from worker.algorithms.dqn.torch_step import TorchDQNStep
 from worker.plugins import Spaces
 from worker.rl.chunks import ChunkLayout, read_chunk
 
@@ -43,12 +44,20 @@ def _plain(config: DQNConfig) -> dict[str, Any]:
     return config_to_dict(config)
 
 
-def pair(
-    config: DQNConfig = CONFIG, seed: int = 3, hidden: tuple[int, ...] = HIDDEN
-) -> tuple[TorchDQNStep, NumpyDQNStep]:
-    """Both train steps, each on its own network with the same seeded weights."""
-    algo = algorithm(config, hidden)
-    return TorchDQNStep(config, algo.q_network(seed)), NumpyDQNStep(config, algo.q_network(seed))
+def pair(config: DQNConfig = CONFIG, seed: int = 3, hidden: tuple[int, ...] = HIDDEN) -> tuple[DQNLearner, DQNLearner]:
+    """Two learners of the same seed (so the same initial weights): the torch step's, then the numpy step's."""
+    out = []
+    for backend in ("torch", "numpy"):
+        learner = algorithm(replace(config, backend=backend), hidden).make_learner(seed)
+        assert isinstance(learner, DQNLearner)
+        out.append(learner)
+    assert isinstance(out[0].step, TorchDQNStep) and isinstance(out[1].step, NumpyDQNStep)
+    return out[0], out[1]
+
+
+def target_weights(learner: DQNLearner) -> dict[str, torch.Tensor]:
+    """The target network's weights, as the learner's checkpoint holds them."""
+    return {k.removeprefix("target."): v for k, v in learner.state_dict().items() if k.startswith("target.")}
 
 
 def batches(count: int, seed: int, n: int = CONFIG.batch_size) -> list[Batch]:
@@ -66,7 +75,7 @@ def batches(count: int, seed: int, n: int = CONFIG.batch_size) -> list[Batch]:
     ]
 
 
-def near_a_kink(ref: TorchDQNStep, batch: Batch, margin: float = 1e-5) -> bool:
+def near_a_kink(ref: DQNLearner, batch: Batch, margin: float = 1e-5) -> bool:
     """Whether float32 rounding could flip one of the train step's two discontinuities on this batch.
 
     The step is continuous in the weights except where a ReLU pre-activation of the online
@@ -75,7 +84,7 @@ def near_a_kink(ref: TorchDQNStep, batch: Batch, margin: float = 1e-5) -> bool:
     round differently (~1e-7), so a batch within ``margin`` of a kink could send them apart
     for a reason that is no bug; such batches are left out of the comparison.
     """
-    encoder: Any = ref.q_net.encoder
+    encoder: Any = ref.nets.online.encoder
     with torch.no_grad():
         x = encoder.flatten(torch.from_numpy(batch["obs"]))
         for layer in encoder.net:
@@ -83,7 +92,7 @@ def near_a_kink(ref: TorchDQNStep, batch: Batch, margin: float = 1e-5) -> bool:
                 return True
             x = layer(x)
         if ref.config.double_dqn:
-            top2 = ref.q_net(torch.from_numpy(batch["next_obs"])).topk(2, dim=1).values
+            top2 = ref.nets.online(torch.from_numpy(batch["next_obs"])).topk(2, dim=1).values
             return bool((top2[:, 0] - top2[:, 1] < margin).any())
     return False
 
@@ -96,18 +105,18 @@ def assert_same_weights(
         torch.testing.assert_close(actual[name], tensor, atol=WEIGHT_ATOL, rtol=0.0, msg=f"{what} {name}")
 
 
-def train_side_by_side(ref: TorchDQNStep, fast: NumpyDQNStep, data: list[Batch]) -> list[dict[str, Any]]:
+def train_side_by_side(ref: DQNLearner, fast: DQNLearner, data: list[Batch]) -> list[dict[str, Any]]:
     """Feed both train steps the same batches (skipping any near a kink); check metrics every step."""
     log = []
     for batch in data:
         if near_a_kink(ref, batch):
             continue
-        expected, actual = ref.train_step(batch), fast.train_step(batch)
+        expected, actual = ref.learn(batch), fast.learn(batch)
         assert actual.keys() == expected.keys() == {"loss", "q_mean", "grad_norm"}
         for key, value in expected.items():
-            assert actual[key] == pytest.approx(value, rel=1e-5, abs=1e-6), f"{key} at iter {ref.iter}"
+            assert actual[key] == pytest.approx(value, rel=1e-5, abs=1e-6), f"{key} at version {ref.version}"
         log.append(expected)
-    assert fast.iter == ref.iter
+    assert fast.version == ref.version
     return log
 
 
@@ -122,15 +131,15 @@ def test_both_steps_start_from_the_networks_seeded_weights_without_touching_the_
     ref, fast = pair(seed=5)
 
     assert torch.equal(torch.rand(1), expected_next)
-    for name, tensor in ref.policy_state().items():
-        assert torch.equal(fast.policy_state()[name], tensor)
-        assert torch.equal(fast.target_state()[name], tensor)
-    assert list(ref.policy_state()) == [
+    for name, tensor in ref.actor_weights().items():
+        assert torch.equal(fast.actor_weights()[name], tensor)
+        assert torch.equal(target_weights(fast)[name], tensor)
+    assert list(ref.actor_weights()) == [
         "encoder.net.0.weight", "encoder.net.0.bias", "encoder.net.2.weight", "encoder.net.2.bias",
         "head.weight", "head.bias",
     ]  # fmt: skip
-    other = pair(seed=6)[1].policy_state()
-    assert not torch.equal(other["encoder.net.0.weight"], ref.policy_state()["encoder.net.0.weight"])
+    other = pair(seed=6)[1].actor_weights()
+    assert not torch.equal(other["encoder.net.0.weight"], ref.actor_weights()["encoder.net.0.weight"])
 
 
 # (tau 0.5 alone could not tell a Polyak update by tau from one by 1 - tau, hence also 0.3)
@@ -146,8 +155,8 @@ def test_the_numpy_step_follows_the_torch_step_step_for_step(double_dqn: bool, t
     # Then every step reported the same loss, q_mean and grad_norm, and they end with the
     # same online and target weights
     assert len(log) >= 200
-    assert_same_weights(ref.policy_state(), fast.policy_state(), "online")
-    assert_same_weights(ref.target_state(), fast.target_state(), "target")
+    assert_same_weights(ref.actor_weights(), fast.actor_weights(), "online")
+    assert_same_weights(target_weights(ref), target_weights(fast), "target")
     # (the run covered both sides of the gradient clip)
     norms = [m["grad_norm"] for m in log]
     assert min(norms) < config.max_grad_norm < max(norms)
@@ -158,8 +167,8 @@ def test_a_checkpoint_of_either_step_resumes_both_alike(producer_kind: str) -> N
     # Given a checkpoint (online, target, Adam moments) of 37 steps of training
     producer = pair(seed=1)[0 if producer_kind == "torch" else 1]
     for batch in batches(37, seed=2):
-        producer.train_step(batch)
-    state, iter_ = producer.state_dict(), producer.iter
+        producer.learn(batch)
+    state, version = producer.state_dict(), producer.version
     assert {name.split(".")[0] for name in state} == {"online", "target", "adam"}
 
     # When a numpy and a torch step, built with another seed and trained a little (so
@@ -167,26 +176,26 @@ def test_a_checkpoint_of_either_step_resumes_both_alike(producer_kind: str) -> N
     ref, fast = pair(seed=9)
     train_side_by_side(ref, fast, batches(5, seed=3))
     for step in (fast, ref):
-        step.load_state_dict(state, iter_)
+        step.load_state_dict(state, version)
 
     # Then both hold the checkpoint's weights and moments and its iteration
-    assert fast.iter == ref.iter == 37
+    assert fast.version == ref.version == 37
     for step in (fast, ref):
-        assert_same_weights(producer.policy_state(), step.policy_state(), "online")
-        assert_same_weights(producer.target_state(), step.target_state(), "target")
+        assert_same_weights(producer.actor_weights(), step.actor_weights(), "online")
+        assert_same_weights(target_weights(producer), target_weights(step), "target")
         assert_same_weights(state, step.state_dict(), "checkpoint", ordered=False)
     # and they train alike from there (Adam carries on, not restarting), syncing the target at iter 40 and 80
     train_side_by_side(ref, fast, batches(60, seed=4))
-    assert fast.iter >= 80
-    assert_same_weights(ref.policy_state(), fast.policy_state(), "online")
-    assert_same_weights(ref.target_state(), fast.target_state(), "target")
+    assert fast.version >= 80
+    assert_same_weights(ref.actor_weights(), fast.actor_weights(), "online")
+    assert_same_weights(target_weights(ref), target_weights(fast), "target")
 
 
 def test_resuming_keeps_adams_moments_a_fresh_optimizer_would_not() -> None:
     # Given a checkpoint after 30 steps, and a copy of it with the moments and step count zeroed
     ref, _ = pair(seed=1)
     for batch in batches(30, seed=2):
-        ref.train_step(batch)
+        ref.learn(batch)
     state = ref.state_dict()
     amnesic = {k: torch.zeros_like(v) if k.startswith("adam.") else v for k, v in state.items()}
     # When one step resumes each and takes the same step
@@ -195,14 +204,14 @@ def test_resuming_keeps_adams_moments_a_fresh_optimizer_would_not() -> None:
     with_moments.load_state_dict(state, 30)
     without.load_state_dict(amnesic, 30)
     batch = batches(1, seed=5)[0]
-    with_moments.train_step(batch)
-    ref.train_step(batch)
-    without.train_step(batch)
+    with_moments.learn(batch)
+    ref.learn(batch)
+    without.learn(batch)
     # Then the one with the moments moved exactly as the uninterrupted run, and the other did not
-    assert_same_weights(ref.policy_state(), with_moments.policy_state(), "resumed")
+    assert_same_weights(ref.actor_weights(), with_moments.actor_weights(), "resumed")
     differs = any(
         not torch.allclose(a, b, atol=1e-7)
-        for a, b in zip(ref.policy_state().values(), without.policy_state().values(), strict=True)
+        for a, b in zip(ref.actor_weights().values(), without.actor_weights().values(), strict=True)
     )
     assert differs
 
@@ -222,15 +231,15 @@ def test_a_checkpoint_of_another_network_is_refused_and_nothing_changes(kind: st
     # Given a train step, and a checkpoint that does not fit it in one tensor
     ref, fast = pair(seed=0)
     step: Any = ref if kind == "torch" else fast
-    before, target_before = step.policy_state(), step.target_state()
+    before, target_before = step.actor_weights(), target_weights(step)
     foreign = change(pair(seed=1)[1].state_dict())
     # When it is asked to resume from it, it refuses naming the tensor
     with pytest.raises(ValueError, match=message):
         step.load_state_dict(foreign, 99)
     # and keeps every weight and its iteration (no half-loaded network)
-    assert step.iter == 0
-    assert_same_weights(before, step.policy_state(), "online")
-    assert_same_weights(target_before, step.target_state(), "target")
+    assert step.version == 0
+    assert_same_weights(before, step.actor_weights(), "online")
+    assert_same_weights(target_before, target_weights(step), "target")
 
 
 def test_a_checkpoint_of_another_hidden_size_is_refused_by_the_learner(tmp_path: Any) -> None:
@@ -238,7 +247,7 @@ def test_a_checkpoint_of_another_hidden_size_is_refused_by_the_learner(tmp_path:
     wide, narrow = algorithm(hidden=(32, 16)), algorithm(hidden=(32, 8))
     learner = narrow.make_learner(seed=0)
     before = learner.actor_weights()
-    with pytest.raises(ValueError, match=r"'encoder\.net\.2\.weight' has shape \(16, 32\); needs \(8, 32\)"):
+    with pytest.raises(ValueError, match=r"'encoder\.net\.2\.weight' is \(16, 32\), needs \(8, 32\)"):
         learner.load_state_dict(wide.make_learner(seed=1).state_dict(), 50)
     assert learner.version == 0
     assert_same_weights(before, learner.actor_weights(), "online")
@@ -252,11 +261,11 @@ def test_a_train_step_reduces_the_loss_on_a_fixed_batch(kind: str, double_dqn: b
     step: Any = ref if kind == "torch" else fast
     batch = batches(1, seed=0, n=64)[0]
 
-    first = step.train_step(batch)
+    first = step.learn(batch)
     for _ in range(200):
-        last = step.train_step(batch)
+        last = step.learn(batch)
 
-    assert step.iter == 201
+    assert step.version == 201
     assert last["loss"] < 0.5 * first["loss"]
     assert all(isinstance(v, float) for v in last.values())
 
@@ -265,39 +274,39 @@ def test_the_target_net_is_synced_every_target_update_interval() -> None:
     ref, _ = pair(DQNConfig(target_update_interval=3), hidden=(8,))
 
     def synced() -> bool:
-        online, target = ref.policy_state(), ref.target_state()
+        online, target = ref.actor_weights(), target_weights(ref)
         return all(torch.equal(online[k], target[k]) for k in online)
 
     assert synced()
     for expected in (False, False, True, False):
-        ref.train_step(batches(1, seed=ref.iter)[0])
+        ref.learn(batches(1, seed=ref.version)[0])
         assert synced() is expected
 
 
 def test_a_soft_target_update_moves_the_target_part_way() -> None:
     ref, _ = pair(DQNConfig(target_update_interval=1, tau=0.5), hidden=(8,))
-    before = ref.target_state()
+    before = target_weights(ref)
 
-    ref.train_step(batches(1, seed=0)[0])
+    ref.learn(batches(1, seed=0)[0])
 
-    online = ref.policy_state()
+    online = ref.actor_weights()
     for key, old in before.items():
-        torch.testing.assert_close(ref.target_state()[key], 0.5 * old + 0.5 * online[key])
+        torch.testing.assert_close(target_weights(ref)[key], 0.5 * old + 0.5 * online[key])
 
 
-def test_policy_state_is_a_copy_that_loads_into_a_fresh_q_network() -> None:
+def test_actor_weights_are_a_copy_that_loads_into_a_fresh_q_network() -> None:
     ref, fast = pair(seed=1)
     train_side_by_side(ref, fast, batches(20, seed=5))
 
-    state = fast.policy_state()
+    state = fast.actor_weights()
     net = algorithm().q_network()
     net.load_state_dict(state, strict=True)
     obs = torch.from_numpy(np.random.default_rng(0).normal(size=(50, OBS_DIM)).astype(np.float32))
     with torch.no_grad():
-        torch.testing.assert_close(net(obs), ref.q_net(obs), atol=1e-5, rtol=0.0)
+        torch.testing.assert_close(net(obs), ref.nets.online(obs), atol=1e-5, rtol=0.0)
     # a copy: training on does not change what was handed out
-    fast.train_step(batches(1, seed=6)[0])
-    assert not torch.equal(state["encoder.net.0.weight"], fast.policy_state()["encoder.net.0.weight"])
+    fast.learn(batches(1, seed=6)[0])
+    assert not torch.equal(state["encoder.net.0.weight"], fast.actor_weights()["encoder.net.0.weight"])
 
 
 # -- DQNLearner: the algorithm's learner half ------------------------------------------
@@ -329,7 +338,7 @@ def test_the_learner_runs_numpy_where_it_can_and_torch_everywhere_else(
 
 def test_the_numpy_backend_refuses_a_network_it_cannot_run() -> None:
     algo = bound("dqn", SPACES, {"activation": "tanh"}, backend="numpy")
-    with pytest.raises(ValueError, match="backend = 'numpy' needs the mlp model with ReLU"):
+    with pytest.raises(ValueError, match="backend = 'numpy' cannot run this job: activation 'tanh'"):
         algo.make_learner(seed=0)
 
 

@@ -1,6 +1,6 @@
-"""Every ``WARREN_*`` variable against every command: each reads what the README's table says.
+"""Every ``WARREN_*`` variable against every command: each reads what docs/configuration.md's table says.
 
-The README promises that the processes read ``WARREN_*`` variables, overridden by flags.
+docs/configuration.md promises that the processes read ``WARREN_*`` variables, overridden by flags.
 Here each variable is set, one at a time, to a value that is not its default, and every
 command's settings are built as the command builds them (its flags parsed, the variables
 read): a command the table names as a reader must end up with the value, any other must
@@ -23,12 +23,12 @@ from messaging.settings import to_env
 from tests.compose import CLUSTER_FILE, COMPOSE_FILE, read_env_file
 from worker.cli import build_parser, collector, coordinator, learner, main
 from worker.cli.flags import ENV_FLAGS, env_variable, read_environment
-from worker.cli.run import RUN_SETS, plan_run
+from worker.cli.run_plan import RUN_SETS, plan_run
 from worker.config import CollectorConfig, CoordinatorConfig, LearnerConfig, role_config
 from worker.job import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 COMMANDS = ("collector", "learner", "coordinator", "run")
 #: Read by docker compose only (the tag of warren's image), documented in docs/compose.md.
 COMPOSE_ONLY = {"WARREN_IMAGE"}
@@ -64,6 +64,7 @@ SAMPLES = {
     "WARREN_ENV_THREADS": "3",
     "WARREN_STEP_COMPRESSION": "lz4",
     "WARREN_TORCH_THREADS": "3",
+    "WARREN_DEVICE": "cpu",
     "WARREN_RUN_LOG": "/audit/run.jsonl",
     "WARREN_PROGRESS": "off",
     "WARREN_METRICS_PORT": "19464",
@@ -81,9 +82,10 @@ SAMPLES = {
 
 
 def documented_readers() -> dict[str, set[str]]:
-    """``{variable: commands}`` from the README's table of variables (its "read by" column)."""
+    """``{variable: commands}`` from docs/configuration.md's table of variables (its "read by" column)."""
     readers: dict[str, set[str]] = {}
-    for match in re.finditer(r"^\| `(WARREN_[A-Z_]+)` \| [^|]* \| ([^|]*) \|", README.read_text(), re.MULTILINE):
+    table = CONFIGURATION_DOC.read_text()
+    for match in re.finditer(r"^\| `(WARREN_[A-Z_]+)` \| [^|]* \| ([^|]*) \|", table, re.MULTILINE):
         text = match.group(2)
         named = set(COMMANDS) if "every command" in text else {c for c in COMMANDS if re.search(rf"\b{c}\b", text)}
         readers[match.group(1)] = named
@@ -159,7 +161,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-def test_the_readme_table_lists_every_variable_warren_and_its_deployment_files_use() -> None:
+def test_the_configuration_doc_lists_every_variable_warren_and_its_deployment_files_use() -> None:
     documented = set(documented_readers())
     assert setting_variables() <= documented, sorted(setting_variables() - documented)
     assert deployment_variables() - COMPOSE_ONLY <= documented, sorted(deployment_variables() - documented)
@@ -168,7 +170,7 @@ def test_the_readme_table_lists_every_variable_warren_and_its_deployment_files_u
 
 
 @pytest.mark.parametrize("variable", sorted(SAMPLES))
-def test_every_command_reads_exactly_the_variables_the_readme_says_it_reads(
+def test_every_command_reads_exactly_the_variables_the_configuration_doc_says_it_reads(
     variable: str, clean_environment: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     readers = documented_readers()[variable]
@@ -181,7 +183,7 @@ def test_every_command_reads_exactly_the_variables_the_readme_says_it_reads(
         elif command in readers:
             assert got == value, f"{command} ignores {variable}={value} (got {got})"
         else:
-            assert got != value, f"{command} reads {variable}, which the README does not say"
+            assert got != value, f"{command} reads {variable}, which docs/configuration.md does not say"
     if variable in RUN_SETS:
         assert "run" not in readers and variable in plan_run(parsed("run")).ignored  # and warren run says so
 

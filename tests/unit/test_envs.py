@@ -220,6 +220,31 @@ class TextEnvs(GridEnvs):
         return _Texty()
 
 
+class _CroppingVectorEnv(gym.vector.SyncVectorEnv):
+    """A plug-in's own vector env that crops its images to 2 x 3, whatever its space says (3 x 3)."""
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = super().reset(seed=seed, options=options)
+        return {**obs, "image": obs["image"][:, :2]}, info
+
+
+class CroppingEnvs(GridEnvs):
+    def make_vector_env(self, ctx: EnvContext) -> gym.vector.VectorEnv[Any, Any, Any]:
+        return _CroppingVectorEnv([_Grid for _ in range(ctx.num_envs)])
+
+
+def test_an_observation_of_another_shape_than_its_space_fails_the_reset_that_returned_it() -> None:
+    # (not the actor, whose failure would name the algorithm, nor the learner, chunks later)
+    envs = batch("grid", 2, seed=0, plugin=CroppingEnvs())
+    try:
+        with pytest.raises(
+            ValueError, match=r"observation 'image' of 2 envs has shape \(2, 2, 3\), .* wants \(2, 3, 3\)"
+        ):
+            envs.reset()
+    finally:
+        envs.close()
+
+
 def test_an_env_plugin_with_dict_image_observations_steps_in_the_spaces_dtypes() -> None:
     envs = batch("grid", 2, seed=0, plugin=GridEnvs())
     try:
@@ -263,7 +288,7 @@ def test_a_vector_entry_point_with_threads_gets_the_workers_thread_budget_and_ot
 
 
 def test_warren_run_shares_the_cpus_among_its_collectors_unless_told() -> None:
-    from worker.cli.run import collector_env_threads
+    from worker.cli.run_plan import collector_env_threads
     from worker.config import cpu_budget
 
     assert collector_env_threads(1, {}) == ["--env-threads", str(cpu_budget())]

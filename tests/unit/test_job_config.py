@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 from pathlib import Path
 
@@ -111,6 +112,10 @@ def test_a_job_json_pinned_to_another_plugin_version_is_refused(tmp_path: Path) 
         ("[env]\ncollector_env_num = 100000\n", "would be refused: collector_cfg.env.env_num"),
         ("[collector]\nupdate_policy_second = 0\n", "would be refused: collector_cfg.update_policy_second"),
         ("[env]\nseed = 4294967290\n", "would be refused: collector_cfg.env.seed"),
+        ("[env]\nseed = '3'\n", r"\[env\]: env\.seed must be a int, got '3'"),
+        ("[coordinator]\nmax_env_steps = 1e6\n", r"coordinator\.max_env_steps must be a int, got 1000000\.0"),
+        ("seed = 3\n", r"seed = 3 is at the top level, outside any section: it goes in \[env\]"),
+        ("lr = 0.1\n", r"lr = 0\.1 is at the top level.*settings in \[algorithm\] or \[model\]"),
     ],
 )
 def test_mistakes_in_a_config_file_are_configuration_errors(tmp_path: Path, text: str, match: str) -> None:
@@ -236,3 +241,69 @@ def test_impossible_counts_and_budgets_in_a_file_are_refused(tmp_path: Path, tex
     path.write_text(text)
     with pytest.raises(ConfigurationError, match=match):
         JobConfig.load(path)
+
+
+CONFIGURATION_DOC = SHIPPED.parents[1] / "docs" / "configuration.md"
+
+
+def plugin_config_defaults(kind: PluginKind, name: str) -> dict[str, object]:
+    """A built-in plug-in's settings and their defaults, from its config dataclass."""
+    return config_to_dict(installed().get(kind, name).obj.Config())
+
+
+def documented_settings_tables() -> dict[tuple[str, str], dict[str, object]]:
+    """``{(section, plug-in): {key: default}}`` from docs/configuration.md's tables of the built-ins' settings."""
+    from worker.cli.flags import toml_value
+
+    text = CONFIGURATION_DOC.read_text()
+    heading = re.compile(r'^`\[(algorithm|model)\] name = "(\w+)"`.*$', re.MULTILINE)
+    tables: dict[tuple[str, str], dict[str, object]] = {}
+    for match in heading.finditer(text):
+        lines = text[match.end() :].lstrip("\n").splitlines()
+        rows: dict[str, object] = {}
+        if lines and lines[0].startswith("| key | default | meaning |"):
+            for line in lines[2:]:
+                cells = [cell.strip() for cell in line.split("|")[1:-1]] if line.startswith("|") else []
+                if not cells:
+                    break
+                rows[cells[0].strip("`")] = toml_value(cells[1].strip("`"))
+        tables[(match.group(1), match.group(2))] = rows
+    return tables
+
+
+def test_the_configuration_doc_documents_every_setting_of_every_built_in_algorithm_and_model_with_its_default() -> None:
+    tables = documented_settings_tables()
+    builtins = [(PluginKind.ALGORITHM, name) for name in ("dqn", "ppo", "sac", "random")]
+    builtins += [(PluginKind.MODEL, name) for name in ("mlp", "nature_cnn")]
+    for kind, name in builtins:
+        section = "algorithm" if kind is PluginKind.ALGORITHM else "model"
+        assert tables.get((section, name)) == plugin_config_defaults(kind, name), (section, name)
+
+
+def test_the_shipped_config_file_shows_ppos_and_sacs_settings_with_their_defaults() -> None:
+    from worker.cli.flags import toml_value
+
+    text = SHIPPED.read_text()
+    for name in ("ppo", "sac"):
+        block = text.split(f'(name = "{name}"', 1)[1].split("\n#\n", 1)[0]
+        listed = {
+            match.group(1): toml_value(match.group(2))
+            for match in re.finditer(r"^# (\w+) = (\S+(?: \S+)*?)\s+#", block, re.MULTILINE)
+        }
+        assert listed == plugin_config_defaults(PluginKind.ALGORITHM, name), name
+    assert '(name = "random") takes no keys' in text
+
+
+@pytest.mark.parametrize("episodes", [-1, 257])
+def test_a_confirmation_of_more_episodes_than_an_eval_task_may_run_is_refused_naming_the_key(episodes: int) -> None:
+    with pytest.raises(ConfigurationError, match=r"confirm_episodes must be 0 \(no confirmation\) to 256"):
+        JobConfig.load(None, **{"env.confirm_episodes": episodes})
+
+
+def test_the_confirmation_runs_its_episodes_at_once_on_other_seeds_than_the_evals() -> None:
+    job = JobConfig.load(None, **{"env.confirm_episodes": 32})
+    confirmation, evaluation = job.confirm_spec("policy_main.eval"), job.eval_spec("policy_main.eval")
+    assert (confirmation.env.env_num, confirmation.n_episode, confirmation.eval_flag) == (32, 1, True)
+    assert confirmation.policy_update_path == evaluation.policy_update_path == "policy_main.eval"
+    assert confirmation.env.seed is not None and evaluation.env.seed is not None
+    assert confirmation.env.seed >= evaluation.env.seed + evaluation.env.env_num

@@ -12,8 +12,9 @@ import torch
 from messaging import Delivery, Envelope, MetadataItem
 from tests.rl_builders import chunk_fields
 from worker.algorithms.dqn import DQN
-from worker.algorithms.dqn.fast import NumpyDQNStep
-from worker.algorithms.dqn.learner import DQNLearner, TorchDQNStep
+from worker.algorithms.dqn.learner import DQNLearner
+from worker.algorithms.dqn.numpy_step import NumpyDQNStep
+from worker.algorithms.dqn.torch_step import TorchDQNStep
 from worker.config import LearnerConfig
 from worker.job import JobConfig
 from worker.learner.service import CHECKPOINT_SUFFIX, Learner, LearningDiverged
@@ -244,3 +245,26 @@ def test_a_pong_chunk_whose_frames_do_not_fit_is_counted_and_the_next_good_one_l
     learner._ingest(settled.item(data_item("good", samples=4)))
     assert (learner.stats.corrupt_files, learner.stats.items, learner.stats.samples) == (2, 1, 4)
     assert settled.outcomes == ["ack", "ack", "ack"] and not (learner.steps.root / "bad").exists()
+
+
+def test_a_learner_whose_run_kept_the_policy_file_stops_updating_until_a_new_run_releases_it(tmp_path: Path) -> None:
+    # Given a learner that published version 0 and has data for 8 updates
+    job = {"algorithm.learning_starts": 32, "algorithm.train_steps_per_sample": 0.25}
+    learner = make_learner(tmp_path, **job, **{"learner.policy_write_interval_s": 0.0})
+    learner._resume_or_start()
+    write_chunk(learner, "d0", steps=64)
+    learner._ingest(Settled().item(data_item("d0", samples=64)))
+    # When its run ends keeping version 0 (the policy its eval passed) before the learner writes again
+    assert learner.policies.keep("policy_main") == 0
+    learner._train_some()
+    # Then its write is refused: the file stays version 0, and it trains no further on new data
+    assert published(learner).iter == 0 and learner.learner.version == 8
+    write_chunk(learner, "d1", steps=64, seed=1)
+    learner._ingest(Settled().item(data_item("d1", samples=64)))
+    learner._train_some()
+    assert learner.learner.version == 8 and learner._still_kept()
+    # And the next run's learner releases the file and writes its own policy again
+    again = make_learner(tmp_path, **job)
+    again._resume_or_start()
+    assert published(again).iter == 8 and not again.policies.is_kept("policy_main")
+    assert not learner._still_kept() and learner._kept_version is None

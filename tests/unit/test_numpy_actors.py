@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.rl_builders import bound, flat_spaces
-from worker.algorithms.ppo.fast import layout_of
-from worker.algorithms.ppo.numpy_net import PPOLayout
+from worker.algorithms.ppo.numpy_actor import PPOLayout
+from worker.algorithms.ppo.numpy_step import layout_of
 from worker.plugins import Spaces
 
 BOX = Spaces(gym.spaces.Box(-np.inf, np.inf, (2, 3), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
@@ -169,7 +169,7 @@ def test_a_ppo_numpy_actor_given_an_array_it_cannot_read_keeps_all_of_its_weight
 def test_the_collector_counts_gpus_from_the_devices_and_cuda_visible_devices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, devices: list[str], visible: str | None, expected: int
 ) -> None:
-    from worker.collector.service import visible_gpus
+    from worker.devices import visible_gpus
 
     for name in devices:
         (tmp_path / name).touch()

@@ -11,7 +11,7 @@ import pytest
 from torch import nn
 
 from tests.rl_builders import flat_spaces
-from worker.errors import TaskError
+from worker.errors import PluginFailed, TaskError
 from worker.plugins import (
     LoadedPlugin,
     MissingPlugin,
@@ -93,7 +93,31 @@ def test_a_model_that_refuses_the_observations_is_refused_naming_model_and_space
 
 def test_an_encoder_without_an_integer_out_dim_is_a_plugin_bug_said_plainly() -> None:
     algo = build_algorithm(registry_with("picky", PickyModel()), flat_spaces(), algorithm="dqn", model="picky")
-    with pytest.raises(TypeError, match="model 'picky': its encoder has no integer out_dim"):
+    with pytest.raises(
+        PluginFailed,
+        match=r"model plug-in 'picky' 2\.0 \(from picky-dist\): make_encoder: its encoder has no integer out_dim",
+    ):
+        algo.make_learner(seed=0)
+
+
+class WideModel(ModelPlugin):
+    """Its encoder returns one column more than its out_dim says."""
+
+    def make_encoder(self, observation_space: gym.Space[Any], config: Any) -> nn.Module:
+        module = nn.Linear(4, 9)
+        module.out_dim = 8  # type: ignore[assignment]
+        return module
+
+
+def test_an_encoder_wider_than_its_out_dim_fails_where_it_is_built_naming_the_model() -> None:
+    # Given a model whose forward returns 9 columns while its out_dim says 8
+    algo = build_algorithm(registry_with("wide", WideModel()), flat_spaces(), algorithm="dqn", model="wide")
+    # When the algorithm builds its network, then the error names the model, not torch's matrix shapes
+    with pytest.raises(
+        PluginFailed,
+        match=r"model plug-in 'wide' 2\.0 \(from picky-dist\): forward: returned \[2, 9\] for 2 observations; "
+        r"its out_dim says \[2, 8\]",
+    ):
         algo.make_learner(seed=0)
 
 
@@ -130,5 +154,7 @@ def test_a_random_algorithm_runs_any_supported_action_space() -> None:
     ):
         algo = build_algorithm(installed(), Spaces(gym.spaces.Discrete(3), action), algorithm="random")
         assert algo.kind == "none"
-        with pytest.raises(ValueError, match="the random algorithm has no learner"):
-            algo.make_learner(seed=0)
+        # and its learner takes every chunk, never trains, and has no weights to publish
+        learner = algo.make_learner(seed=0)
+        assert learner.wants_data() and not learner.can_update()
+        assert learner.actor_weights() == {} and learner.state_dict() == {}

@@ -31,7 +31,7 @@ MODULE = """
 import gymnasium as gym
 from torch import nn
 
-from worker.plugins import Algorithm, EnvPlugin, ModelPlugin
+from warren.plugins import Algorithm, EnvPlugin, ModelPlugin
 
 IMPORTED = True
 

@@ -1,14 +1,10 @@
-"""PPO's estimators and losses against small hand-computed cases."""
+"""PPO's advantage estimators against small hand-computed cases (the losses: ``test_ppo_losses.py``)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-import torch
 
-from worker.algorithms.ppo.learner import clipped_surrogate, value_loss
 from worker.algorithms.ppo.returns import gae, vtrace
 
 F = np.float32
@@ -112,24 +108,3 @@ def test_vtrace_on_policy_with_lambda_one_equals_gae_with_lambda_one() -> None:
     np.testing.assert_allclose(r_v, r_g, rtol=1e-5, atol=1e-6)
     # V-trace's advantage bootstraps from the next target, GAE's sums deltas: equal on-policy with lambda 1
     np.testing.assert_allclose(a_v, a_g, rtol=1e-5, atol=1e-5)
-
-
-def test_the_clipped_surrogate_takes_the_pessimistic_side_of_the_clip() -> None:
-    # Given ratios of 1.5 for one positive and one negative advantage, and a clip range of 0.2
-    logp = torch.tensor([math.log(1.5), math.log(1.5)])
-    old = torch.zeros(2)
-    advantages = torch.tensor([2.0, -2.0])
-    loss, fraction = clipped_surrogate(logp, old, advantages, 0.2)
-    # Then the positive one is clipped (1.2 * 2 = 2.4) and the negative one is not (1.5 * -2 = -3):
-    # the loss is -mean(2.4, -3) = 0.3, and both ratios lie outside the clip range
-    assert float(loss) == pytest.approx(0.3, rel=1e-6)
-    assert float(fraction) == 1.0
-
-
-def test_the_clipped_value_loss_keeps_the_larger_error() -> None:
-    values, old, returns = torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([1.0])
-    # Unclipped: (2 - 1)^2 = 1; clipped to 0 + 0.5: (0.5 - 1)^2 = 0.25; the larger one, halved
-    assert float(value_loss(values, old, returns, 0.5)) == pytest.approx(0.5)
-    assert float(value_loss(values, old, returns, 0.0)) == pytest.approx(0.5)
-    values = torch.tensor([0.25])  # unclipped error 0.5625, clipped (0.25) the same
-    assert float(value_loss(values, old, returns, 0.5)) == pytest.approx(0.28125)

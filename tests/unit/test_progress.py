@@ -102,6 +102,9 @@ def summary(**changes: Any) -> dict[str, Any]:
         "tasks_rerun": 0,
         "workers_seen": ["c0", "c1"],
         "policy_iter": 470,
+        "policy_evaluated": 452,
+        "best_eval_policy": 452,
+        "policy_left": 452,
         "replay_ratio": 0.0156,
         "replay_ratio_configured": 0.015625,
         "learner_train_steps": 468,
@@ -180,6 +183,13 @@ def test_the_summary_says_when_no_eval_finished() -> None:
     assert "best eval return 200.0, 30,000 env steps, 15 s, 8 tasks (0 re-run), 2 workers" in summary_text(summary())
 
 
+def test_the_summary_names_the_policy_evaluated_and_the_policy_left() -> None:
+    assert "2 workers, policy evaluated 452, policy left 452 (kept), replay ratio" in summary_text(summary())
+    missed = summary(success=False, policy_evaluated=None, best_eval_policy=300, policy_left=12_303)
+    assert "policy left 12,303 (the best eval's: 300)" in summary_text(missed)
+    assert "policy file not visible here" in summary_text(summary(policy_left=None))
+
+
 def test_a_run_says_how_it_schedules_and_ends_with_the_workers_it_saw(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -187,7 +197,11 @@ def test_a_run_says_how_it_schedules_and_ends_with_the_workers_it_saw(
     caplog.set_level(logging.INFO)
     stop = threading.Event()
     config = CoordinatorConfig(
-        transport=Settings(prefix="p"), job=JobConfig(), run_log=tmp_path / "run.jsonl", progress="log"
+        transport=Settings(prefix="p"),
+        job=JobConfig(),
+        run_log=tmp_path / "run.jsonl",
+        progress="log",
+        path_policy=tmp_path / "policy",
     )
     coordinator = Coordinator(config, stop, bus=FakeBus(idle_workers=0))
     coordinator.stats.workers.update({"c0", "c1"})

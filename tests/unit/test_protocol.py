@@ -227,6 +227,56 @@ def test_a_task_without_a_known_name_is_refused(body: Any, code: Refusal) -> Non
     assert refused.value.result == {"message": code.value}
 
 
+def _start_with_spaces(spaces: Any) -> dict[str, Any]:
+    cfg = CollectorSpec(EnvSpec("CartPole-v1", 1), PolicySpec("random"), n_episode=1).to_wire()
+    return {"name": "collector_start_task", "task_info": {"task_id": "t1", "buffer_id": "b1", "collector_cfg": {
+        **cfg, "spaces": spaces}}}  # fmt: skip
+
+
+DISCRETE = {"kind": "Discrete", "n": 2, "start": 0}
+
+
+@pytest.mark.parametrize(
+    ("spaces", "code", "match"),
+    [
+        ({"observation": {"kind": "Text", "max_length": 8}, "action": DISCRETE}, Refusal.UNSUPPORTED_ENV, "Text"),
+        (
+            {"observation": {"kind": "Dict", "spaces": {"a": {"kind": "Dict", "spaces": {"b": DISCRETE}}}},
+             "action": DISCRETE},
+            Refusal.UNSUPPORTED_ENV,
+            "nested Dict",
+        ),
+        (
+            {"observation": DISCRETE,
+             "action": {"kind": "Box", "shape": [2, 2], "dtype": "float32", "low": -1, "high": 1}},
+            Refusal.UNSUPPORTED_ENV,
+            "Box actions must be flat",
+        ),
+        ({"observation": {"kind": "Banana"}, "action": DISCRETE}, Refusal.BAD_COLLECTOR_CFG, "kind must be one of"),
+        ({"observation": {"kind": "Discrete", "n": 0}, "action": DISCRETE}, Refusal.BAD_COLLECTOR_CFG, "n must be"),
+        ("Pong", Refusal.BAD_COLLECTOR_CFG, "spaces must be a map"),
+    ],
+    ids=["Text", "nested Dict", "2-D Box actions", "unknown kind", "Discrete(0)", "not a map"],
+)  # fmt: skip
+def test_spaces_warren_does_not_carry_are_an_unsupported_env_and_malformed_ones_a_bad_collector_cfg(
+    spaces: Any, code: Refusal, match: str
+) -> None:
+    # (protocol.md sections 3 and 7: spaces of a kind warren does not carry are "unsupported env",
+    # whether the env has them or the task names them)
+    with pytest.raises(TaskError, match=match) as refused:
+        StartTask.from_wire(over_the_wire(_start_with_spaces(spaces)))
+    assert refused.value.result == {"message": code.value}
+
+
+def test_a_start_reply_carries_the_envs_spaces_in_their_canonical_form() -> None:
+    spaces = Spaces(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6))
+    reply = StartReply("w1", "t1", "p.collector.control.w1", "p.metadata.t1", spaces.to_wire())
+    back = StartReply.from_wire(over_the_wire(reply.to_wire()))
+    assert back == reply and Spaces.from_wire(back.spaces).digest == spaces.digest
+    # (a reply without them, such as a DI-engine worker's, still reads)
+    assert StartReply.from_wire({**reply.to_wire(), "spaces": None}).spaces is None
+
+
 def test_start_reply_without_its_queues_is_an_error() -> None:
     with pytest.raises(TaskError, match="control_queue"):
         StartReply.from_wire({"worker_id": "w", "task_id": "t", "metadata_queue": "q"})

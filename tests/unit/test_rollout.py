@@ -15,7 +15,7 @@ import pytest
 
 from tests.rl_builders import bound
 from worker.envs.gymnasium import GymnasiumEnvs
-from worker.errors import CollectorError, CorruptFile, PolicyUnavailable, TaskError, UnsafePath
+from worker.errors import CollectorError, CorruptFile, PluginFailed, PolicyUnavailable, TaskError, UnsafePath
 from worker.plugins import Actor, Algorithm, Column, EnvContext, Learner, Obs, Spaces
 from worker.protocol import CollectorSpec, EnvSpec, PolicySpec
 from worker.rl.envs import VecEnvBatch
@@ -149,6 +149,24 @@ def test_n_episode_task_runs_exactly_env_num_times_n_episode_episodes() -> None:
     assert sink.events[-1] == ("info", sink.infos[-1]) and sink.infos[-1]["cur_episode"] == 6
     assert info.collector_done is True
     assert info.sample_count == sum(m["sample_count"] for _, m in sink.chunks)
+
+
+def test_an_info_follows_every_chunk_in_which_an_episode_ended_even_past_an_envs_quota() -> None:
+    # Given an n_episode task whose envs finish their quota at different times
+    rollout, sink = run(make_spec(env_num=4, n_episode=2, traj_len=4))
+    # Then the envs that finished first stepped on: more episodes ended in the chunks than the task counts
+    ended_per_chunk = [int(((c["done"] | c["truncated"]) & c["valid"]).sum()) for c, _ in sink.chunks]
+    info = rollout.finish_info()
+    assert info.real_episode_count == sink.infos[-1]["cur_episode"] == 8
+    assert sum(ended_per_chunk) > 8
+    # and every chunk in which an episode ended, counted or not, is followed by an info (protocol.md section 5)
+    chunk_index = 0
+    for position, (kind, _) in enumerate(sink.events):
+        if kind != "chunk":
+            continue
+        if ended_per_chunk[chunk_index]:
+            assert sink.events[position + 1][0] == "info", f"chunk {chunk_index} ended an episode and no info followed"
+        chunk_index += 1
 
 
 def test_n_sample_task_stops_at_the_sample_target_and_reports_done_once() -> None:
@@ -287,6 +305,23 @@ class Unbuildable(Scoring):
         raise ImportError("no module named 'jax'")
 
 
+class _NanActor(_ScoringActor):
+    """Acts, and writes NaN log-probs from its third step on (a model gone NaN)."""
+
+    def act(
+        self, obs: Obs, *, explore: bool, settings: Mapping[str, float]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        actions, extras = super().act(obs, explore=explore, settings=settings)
+        if self.calls >= 3:
+            extras["logp"][:] = np.nan
+        return actions, extras
+
+
+class GoesNan(Scoring):
+    def make_actor(self, seed: int | None) -> Actor:
+        return _NanActor()
+
+
 def test_the_columns_an_algorithm_asks_for_are_written_into_every_chunk() -> None:
     algo = Scoring(None, CARTPOLE, bound("random", CARTPOLE).model)
     _, sink = run(make_spec(env_num=2, n_sample=12, traj_len=3), algo=algo)
@@ -298,14 +333,31 @@ def test_the_columns_an_algorithm_asks_for_are_written_into_every_chunk() -> Non
 @pytest.mark.parametrize(
     ("cls", "message"),
     [
-        (Broken, "the actor failed: ZeroDivisionError: the policy divided by zero"),
-        (Unbuildable, "building the random actor failed: ImportError: no module named 'jax'"),
+        (Broken, r"algorithm plug-in 'random' \?: act: ZeroDivisionError: the policy divided by zero"),
+        (Unbuildable, r"algorithm plug-in 'random' \?: make_actor: ImportError: no module named 'jax'"),
     ],
 )
 def test_an_algorithm_that_raises_fails_its_task_with_the_errors_summary(cls: type, message: str) -> None:
     algo = cls(None, CARTPOLE, bound("random", CARTPOLE).model)
-    with pytest.raises(CollectorError, match=message):
+    with pytest.raises(PluginFailed, match=message):
         run(make_spec(env_num=2, n_episode=1), algo=algo)
+
+
+def test_an_actor_that_returns_nan_fails_its_task_naming_the_algorithm_instead_of_acting_on_it() -> None:
+    # Given an actor whose log-probs go NaN at its third step
+    algo = GoesNan(None, CARTPOLE, bound("random", CARTPOLE).model)
+    sink = RecordingSink()
+    envs = cartpole(2)
+    rollout = Rollout(make_spec(env_num=2, n_sample=100, traj_len=1), algo, envs, sink, stop=threading.Event())
+    # When the task runs, then it fails there, naming the algorithm and the column
+    with pytest.raises(
+        PluginFailed, match=r"algorithm plug-in 'random' \?: act: returned NaN or infinite column 'logp'"
+    ):
+        rollout.run()
+    envs.close()
+    # and the env never stepped on the NaN step: two steps, two one-row chunks, nothing NaN in them
+    assert rollout.finish_info().step_count == 4
+    assert all(np.isfinite(samples["logp"]).all() for samples, _ in sink.chunks)
 
 
 # -- eval --------------------------------------------------------------------------
@@ -564,14 +616,15 @@ class _ExplodingEnv(gym.Env[np.ndarray, np.int64]):
         raise RuntimeError("physics exploded")
 
 
-def test_env_crash_becomes_a_collector_error() -> None:
+def test_an_env_crash_fails_the_task_naming_the_env_plugin_and_its_call() -> None:
     if "WarrenExploding-v0" not in gym.registry:
         gym.register("WarrenExploding-v0", entry_point=lambda **_: _ExplodingEnv())
     spec = CollectorSpec(env=EnvSpec("WarrenExploding-v0", 2), policy=PolicySpec("random"), n_episode=1)
     envs = cartpole(2, env_id="WarrenExploding-v0")
 
     with pytest.raises(
-        CollectorError, match="stepping env 'WarrenExploding-v0' failed: RuntimeError: physics exploded"
+        PluginFailed,
+        match=r"env plug-in 'gymnasium' \? \(env 'WarrenExploding-v0'\): step: RuntimeError: physics exploded",
     ):
         run(spec, envs=envs, algo=bound("random", envs.spaces))
     envs.close()

@@ -10,7 +10,7 @@ import pytest
 from messaging import ConfigurationError, Settings
 from tests.fake_bus import FakeBus
 from worker.cli import main
-from worker.cli.run import Children
+from worker.cli.children import Children
 from worker.cli.run_dir import LOCK_NAME, RunLock, RunRecord, RunState, new_record, read_record, state_of
 from worker.config import CoordinatorConfig
 from worker.coordinator.loop import Coordinator
@@ -122,13 +122,54 @@ def test_a_resumed_run_counts_on_from_where_the_ended_run_stopped(tmp_path: Path
     assert kinds.count("summary") == 3
 
 
-def test_nothing_to_resume_starts_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from worker.cli import build_parser
-    from worker.cli.flags import read_environment
-    from worker.cli.run import plan_run, workdir_refusal
+def test_resume_of_a_name_no_run_used_is_refused_naming_the_runs_there_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    used_workdir(tmp_path)  # runs/exp1, a run that ended
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WARREN_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2F")  # never reached
+    # A mistyped name: it would otherwise train from scratch under that name
+    assert main(["run", "--name", "exp2", "--resume", "--progress", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to resume: no run used runs/exp2; runs in runs/: exp1 (ended)" in err
+    assert not (tmp_path / "runs" / "exp2").exists()
+    # No name at all: the run would get a fresh id, which no run used either
+    assert main(["run", "--resume", "--progress", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume continues a run: give its --name (or its --workdir); runs in runs/: exp1 (ended)" in err
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["exp1"]
 
-    args = build_parser().parse_args(["run", "--workdir", str(tmp_path / "new"), "--resume"])
-    read_environment(args, {})
-    with caplog.at_level("INFO"):
-        assert workdir_refusal(plan_run(args, {})) is None
-    assert "nothing to resume" in caplog.text
+
+DEAD_BROKER = "amqp://guest:guest@127.0.0.1:1/%2F"  # nothing listens there
+
+
+def test_a_dead_broker_is_said_once_naming_the_bound_the_check_before_the_run_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WARREN_AMQP_URL", DEAD_BROKER)
+    args = ["run", "--workdir", str(tmp_path / "new"), "--progress", "off", "--connect-timeout-s", "2"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    # One message, not a CRITICAL log line and the same words again on stderr
+    assert err.count("no usable broker") == 1 and "CRITICAL" not in err
+    (fatal,) = [line for line in err.splitlines() if "no usable broker" in line]
+    assert fatal.startswith("warren run: no usable broker: could not connect to amqp://guest:***@127.0.0.1:1/%2F")
+    # and the bound it states is the one the retries used, said to be this check's
+    assert "retrying for up to 2 s" in err
+    assert "warren run's check before it starts anything gives the broker 2 s" in fatal
+
+
+def test_more_collectors_than_cpus_are_warned_about_with_what_that_cost_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker.config import cpu_budget
+
+    monkeypatch.setenv("WARREN_AMQP_URL", DEAD_BROKER)
+    cpus = cpu_budget()
+    args = ["run", "--workdir", str(tmp_path / "new"), "--progress", "off", "--connect-timeout-s", "1"]
+    assert main([*args, "--collectors", str(cpus + 1)]) == 1
+    err = capsys.readouterr().err
+    assert f"WARNING [run] worker.cli.run: {cpus + 1} collectors on {cpus} CPUs" in err
+    assert "100 on 2 cores took 14 s to start and 3.6 GB, and 22 of them ever got a task" in err
+    assert main([*args, "--collectors", str(cpus)]) == 1
+    assert "collectors on" not in capsys.readouterr().err

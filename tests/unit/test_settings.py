@@ -8,7 +8,7 @@ import pytest
 from messaging import ConfigurationError, Names, Settings, redact_url
 from messaging.settings import to_env
 from worker.cli import build_parser
-from worker.cli.run import child_env
+from worker.cli.run_plan import child_env
 from worker.config import CollectorConfig, CoordinatorConfig, LearnerConfig, role_config
 from worker.job import JobConfig, LearnerSection
 

@@ -17,12 +17,36 @@ from hypothesis import strategies as st
 from messaging import decode, encode
 from worker.errors import TaskError
 from worker.plugins import Spaces, UnsupportedSpace
-from worker.plugins.spaces import MAX_ELEMENTS, decode_space, describe_space, encode_space, leaf_layout
+from worker.plugins.spaces import (
+    MAX_ELEMENTS,
+    decode_space,
+    describe_space,
+    encode_space,
+    leaf_layout,
+    spaces_digest,
+)
 
 INF = np.inf
 #: The digest of CartPole-v1's spaces. Policy files and checkpoints carry it: a change to the
 #: canonical encoding makes every earlier file unreadable, so it must be deliberate.
 CARTPOLE_DIGEST = "24c0b0e32a50e06f"
+#: The canonical form of ale-py's Pong (4 stacked 84 x 84 grey frames, 6 actions) and its digest.
+PONG: dict[str, dict[str, Any]] = {
+    "observation": {"kind": "Box", "shape": [4, 84, 84], "dtype": "uint8", "low": 0, "high": 255},
+    "action": {"kind": "Discrete", "n": 6, "start": 0},
+}
+PONG_DIGEST = "424f47d6eb7b754b"
+#: CartPole-v1's, with its float32 bounds widened exactly to doubles.
+CARTPOLE: dict[str, dict[str, Any]] = {
+    "observation": {
+        "kind": "Box",
+        "shape": [4],
+        "dtype": "float32",
+        "low": [-4.800000190734863, "-inf", -0.41887903213500977, "-inf"],
+        "high": [4.800000190734863, "inf", 0.41887903213500977, "inf"],
+    },
+    "action": {"kind": "Discrete", "n": 2, "start": 0},
+}
 
 OBSERVATIONS: dict[str, gym.Space[Any]] = {
     "flat float Box, infinite bounds": gym.spaces.Box(-INF, INF, (4,), np.float32),
@@ -111,6 +135,120 @@ def test_uniform_bounds_travel_as_one_number_and_others_as_lists() -> None:
     assert encode_space(OBSERVATIONS["flat float Box, infinite bounds"])["low"] == "-inf"
 
 
+def _pong(**observation: Any) -> dict[str, Any]:
+    return {"observation": {**PONG["observation"], **observation}, "action": PONG["action"]}
+
+
+def _cartpole(low: list[Any], high: list[Any]) -> dict[str, Any]:
+    return {"observation": {**CARTPOLE["observation"], "low": low, "high": high}, "action": CARTPOLE["action"]}
+
+
+#: Writings of one set of spaces that a worker accepts, each with its canonical form and that form's digest.
+WRITINGS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "Pong, canonical": (PONG, PONG, PONG_DIGEST),
+    "Pong, uint8 bounds as floats": (_pong(low=0.0, high=255.0), PONG, PONG_DIGEST),
+    "Pong, Discrete without start": (
+        {"observation": PONG["observation"], "action": {"kind": "Discrete", "n": 6}},
+        PONG,
+        PONG_DIGEST,
+    ),
+    "Pong, a uniform bound as a list": (_pong(high=[255] * (4 * 84 * 84)), PONG, PONG_DIGEST),
+    "Pong, the high bound as +inf (the dtype's largest value)": (_pong(high="inf"), PONG, PONG_DIGEST),
+    "Pong, keys in another order, and a key warren does not read": (
+        {"action": {"start": 0, "n": 6, "kind": "Discrete"}, "observation": {**PONG["observation"], "note": "x"}},
+        PONG,
+        PONG_DIGEST,
+    ),
+    "CartPole, canonical": (CARTPOLE, CARTPOLE, CARTPOLE_DIGEST),
+    "CartPole, float32 bounds as their shortest decimals": (
+        _cartpole([-4.8, "-inf", -0.41887903, "-inf"], [4.8, "inf", 0.41887903, "inf"]),
+        CARTPOLE,
+        CARTPOLE_DIGEST,
+    ),
+    "CartPole, infinities as msgpack floats": (
+        _cartpole([-4.800000190734863, -INF, -0.41887903213500977, -INF], [4.800000190734863, INF, 0.41887903, INF]),
+        CARTPOLE,
+        CARTPOLE_DIGEST,
+    ),
+    "a float Box, bounds as integers and a zero with a sign": (
+        {"observation": {"kind": "Box", "shape": [2], "dtype": "float32", "low": [-0.0, -1], "high": 1},
+         "action": {"kind": "MultiDiscrete", "nvec": [3, 4]}},
+        {"observation": {"kind": "Box", "shape": [2], "dtype": "float32", "low": [0.0, -1.0], "high": 1.0},
+         "action": {"kind": "MultiDiscrete", "nvec": [3, 4], "start": [0, 0]}},
+        "",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(WRITINGS))
+def test_every_accepted_writing_of_the_same_spaces_has_the_digest_of_their_canonical_form(name: str) -> None:
+    writing, canonical, digest = WRITINGS[name]
+    # Given spaces as a third party wrote them, carried over msgpack
+    carried = decode(encode(writing))
+    # When the worker decodes them
+    spaces = Spaces.from_wire(carried)
+    # Then it writes them in the one canonical form, and every digest is that form's
+    assert spaces.to_wire() == canonical
+    assert spaces_digest(carried) == spaces.digest == spaces_digest(canonical) == Spaces.from_wire(canonical).digest
+    if digest:
+        assert spaces.digest == digest
+    # and the canonical form is its own canonical form, through JSON too (a job.json)
+    assert Spaces.from_wire(json.loads(json.dumps(canonical))).to_wire() == canonical
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Box(0, 1, (3,), np.dtype(np.bool_)),  # type: ignore[arg-type]
+        gym.spaces.Box(np.iinfo(np.int64).min, np.iinfo(np.int64).max, (2,), np.int64),
+        gym.spaces.Box(np.array([-(2**62) - 1, 0]), np.array([2**62 + 1, 2**53 + 1]), dtype=np.int64),
+        gym.spaces.Box(0, np.iinfo(np.uint32).max, (2,), np.uint32),
+        gym.spaces.Box(np.float16(-65504.0), np.float16(0.1), (2,), np.float16),
+        gym.spaces.Box(np.finfo(np.float32).min, np.finfo(np.float32).max, (2,), np.float32),
+        gym.spaces.Box(np.array([-0.1, 1e-40]), np.array([0.1, 1e300]), dtype=np.float64),
+    ],
+    ids=["bool", "int64 extremes", "int64 past 2**53", "uint32", "float16", "float32 extremes", "float64"],
+)
+def test_bounds_of_every_box_dtype_come_back_exactly(space: gym.spaces.Box) -> None:
+    # (bounds go through the dtype's own values, not through a double: an int64 bound past
+    # 2**53 and a bool bound must come back as they were, or the digest is another one)
+    wire = encode_space(space)
+    for carried in (decode(encode(wire)), json.loads(json.dumps(wire))):
+        back = decode_space(carried)
+        assert same_space(back, space)
+        assert encode_space(back) == wire
+
+
+@pytest.mark.parametrize(
+    ("bound", "dtype", "message"),
+    [
+        (0.5, "uint8", "must hold whole numbers"),
+        (300, "uint8", r"out of the range of uint8 \(0\.\.255\)"),
+        (-1, "uint8", "out of the range of uint8"),
+        (2**63, "int64", "out of the range of int64"),
+        (1e39, "float32", "out of the range of float32"),
+        (float("nan"), "float32", "must not be NaN"),
+        (2, "bool", "must hold booleans"),
+        ("-inf", "bool", "must hold booleans"),
+        ("1.0", "float32", "must hold numbers"),
+    ],
+)
+def test_a_bound_that_is_no_value_of_the_boxs_dtype_is_refused_naming_the_key(
+    bound: Any, dtype: str, message: str
+) -> None:
+    # (one clipped or rounded into the dtype would be another space that digests like a real one)
+    wire = {"kind": "Box", "shape": [2], "dtype": dtype, "low": [0, 0], "high": bound}
+    with pytest.raises(TaskError, match=f"space\\.high.*{message}"):
+        decode_space(wire)
+
+
+@pytest.mark.parametrize("kind", ["Text", "Tuple", "Sequence", "Graph", "OneOf"])
+def test_a_wire_space_of_a_gymnasium_kind_warren_does_not_carry_is_an_unsupported_space(kind: str) -> None:
+    # (a space that exists but that warren cannot carry: "unsupported env", not a malformed task)
+    with pytest.raises(UnsupportedSpace, match=f"{kind} spaces are not supported"):
+        Spaces.from_wire({"observation": {"kind": kind, "max_length": 3}, "action": PONG["action"]})
+
+
 def test_the_digest_depends_on_every_part_of_the_spaces() -> None:
     base = Spaces(gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2))
     variants = [
@@ -197,7 +335,7 @@ def test_spaces_warren_cannot_carry_are_refused_saying_why(
 @pytest.mark.parametrize(
     ("wire", "message"),
     [
-        ({"kind": "Text", "max_length": 3}, r"space\.kind must be one of \['Dict', 'Box'"),
+        ({"kind": "Banana", "max_length": 3}, r"space\.kind must be one of \['Dict', 'Box'"),
         ({"shape": [2]}, "space.kind must be one of"),
         ([1, 2], "space must be a map"),
         ({"kind": "Box", "shape": [2], "dtype": "complex64", "low": 0, "high": 1}, "space.dtype must be one of"),

@@ -22,7 +22,7 @@ from filelock import FileLock
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from worker.errors import CorruptFile, StorageError, UnsafePath
+from worker.errors import CorruptFile, PolicyKept, StorageError, UnsafePath
 from worker.storage import PolicySnapshot, PolicyStore
 from worker.storage.policies import POLICY_FORMAT
 
@@ -432,3 +432,35 @@ def test_a_policy_of_a_dtype_numpy_lacks_is_corrupt_when_read_as_numpy_and_fine_
         store.read("p", numpy=True)
     snapshot = store.read("p")
     assert snapshot is not None and snapshot.state_dict["w"].dtype == torch.bfloat16
+
+
+def test_a_kept_policy_refuses_writes_until_it_is_released(store: PolicyStore) -> None:
+    # Given a learner's policy and a copy of it taken for an evaluation
+    store.write("policy_main", small_state(1.0), iter=5)
+    assert store.copy("policy_main", "policy_main.eval") == 5
+    store.write("policy_main", small_state(2.0), iter=9)
+    # When the run keeps the evaluated copy as its policy
+    assert store.keep("policy_main", source="policy_main.eval") == 5
+    # Then the file holds version 5's weights, and the learner's next write is refused, leaving it so
+    with pytest.raises(PolicyKept, match="kept"):
+        store.write("policy_main", small_state(3.0), iter=12)
+    kept = store.read("policy_main")
+    assert kept is not None and kept.iter == 5 and torch.equal(kept.state_dict["fc.weight"], torch.full((4, 3), 1.0))
+    assert store.is_kept("policy_main") and store.version("policy_main") == 5
+    # And once released (a new run starts), writes go through again
+    assert store.release("policy_main") and not store.release("policy_main")
+    store.write("policy_main", small_state(3.0), iter=12)
+    assert store.version("policy_main") == 12
+
+
+def test_keeping_a_policy_never_written_keeps_nothing(store: PolicyStore) -> None:
+    assert store.keep("policy_main") is None and not store.is_kept("policy_main")
+    assert list(store.root.iterdir()) == []  # not even a lock file
+    assert store.copy("policy_main", "policy_main.eval") is None
+    assert store.version("policy_main") is None
+
+
+@pytest.mark.parametrize("name", ["policy_main.kept", "x.lock"])
+def test_the_markers_suffixes_are_no_policy_names(store: PolicyStore, name: str) -> None:
+    with pytest.raises(UnsafePath, match="reserved"):
+        store.path(name)

@@ -26,7 +26,7 @@ from tests.fake_bus import FakeBus
 from tests.observe import scalars
 from tests.unit.test_coordinator import data, finished, info, started
 from worker.cli import build_parser
-from worker.cli.run import metrics_ports
+from worker.cli.run_plan import metrics_ports
 from worker.collector.sink import BrokerSink
 from worker.config import CollectorConfig, CoordinatorConfig, LearnerConfig, role_config
 from worker.coordinator.loop import Coordinator
@@ -305,7 +305,7 @@ def test_the_coordinator_writes_returns_rates_and_task_counts_at_the_runs_env_st
     ).to_wire()
     coordinator.turn()
     # An eval task with returns 50
-    coordinator._next_eval = 0.0
+    coordinator.schedule.next_eval = 0.0
     coordinator.turn()
     (evaluation,) = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag]
     reply = bus.accept(evaluation, "w2")

@@ -1,16 +1,25 @@
-"""``random``: uniformly random actions and no learner; a baseline, and tasks that need no policy file."""
+"""``random``: uniformly random actions, nothing learned; a baseline, and a benchmark of collection alone.
+
+Its actor needs no weights, so collectors never wait for a policy file. Its learner only
+counts what it is handed (the learner process then deletes each step file and acks it,
+as for any algorithm), so a ``warren run --algorithm random`` moves data through the
+whole pipeline at the speed of collection, and ends on its budget or its stop value.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-from worker.plugins.contract import Actor, Algorithm, Learner, Obs
+from worker.plugins.contract import Actor, Algorithm, Chunk, Learner, Obs
 from worker.plugins.spaces import Spaces
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RandomActions(Algorithm):
@@ -22,7 +31,33 @@ class RandomActions(Algorithm):
         return RandomActor(self.spaces, seed)
 
     def make_learner(self, seed: int) -> Learner:
-        raise ValueError("the random algorithm has no learner: it only acts")
+        return CountingLearner()
+
+
+class CountingLearner(Learner):
+    """Takes every chunk, counts its transitions and keeps nothing; never updates, has no weights."""
+
+    def add(self, chunk: Chunk) -> int:
+        return int(chunk.valid.sum())
+
+    def wants_data(self) -> bool:
+        return True
+
+    def can_update(self) -> bool:
+        return False
+
+    def update(self) -> dict[str, float]:
+        raise RuntimeError("the random algorithm learns nothing: can_update() is always False")
+
+    def actor_weights(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        if tensors:
+            raise ValueError(f"the random algorithm has no state, the checkpoint has {len(tensors)} tensors")
 
 
 class RandomActor(Actor):

@@ -14,7 +14,14 @@ Each check prints one line, ``ok`` or ``FAIL`` and what it found, in plain words
    one learner update runs with finite metrics (the learner gets more steps if it needs
    more to start, up to a bound).
 
-Exit code 0 when every check passed, 1 otherwise.
+The checks run in a child process that this one watches (:mod:`worker.cli.watchdog`):
+each check, and each 1,000 env steps of the last one, must finish within
+``--check-timeout-s`` (an env whose reset or step never returns is a ``FAIL``, not a
+command that never ends), and the first SIGTERM or SIGINT kills the child and ends the
+command at once.
+
+Exit code 0 when every check passed, 1 otherwise, 143 (SIGTERM) or 130 (SIGINT) when a
+signal stopped it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,11 +42,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from worker.cli.flags import add_job_flags, add_output_flags, job_config, log_level
+from messaging import ConfigurationError
+from worker.cli.exit_codes import ExitCode, by_signal
+from worker.cli.flags import add_job_flags, add_output_flags, job_config, log_level, positive_float
+from worker.cli.watchdog import Progress, run_watched
+from worker.lifecycle import stop_signal
 
 #: Env steps of the rollout check, and the most it runs while the learner cannot update yet.
 CHECK_STEPS = 1000
 MAX_STEPS_TO_FIRST_UPDATE = 100_000
+#: Seconds each check (and each CHECK_STEPS env steps of the last) may take unless --check-timeout-s says otherwise.
+CHECK_TIMEOUT_S = 120.0
 
 
 def add_parser(commands: Any) -> None:
@@ -49,19 +63,30 @@ def add_parser(commands: Any) -> None:
             "Import the plug-ins in a fresh process, load the job, run gymnasium's env checker, "
             "build the actor and learner from the encoded spaces, round-trip the weights through a "
             "policy file, run 1000 env steps and one learner update; print what passed and what did "
-            "not. Exit code 0 when everything passed, 1 otherwise."
+            "not. The checks run in a child process: each check, and each 1000 env steps of the last, must "
+            f"finish within --check-timeout-s (default {CHECK_TIMEOUT_S:g} s), or it fails and the child is "
+            "killed (an env whose reset or step never returns); the first SIGTERM or Ctrl-C stops everything "
+            "at once. Exit code 0 when everything passed, 1 otherwise, 143 on SIGTERM, 130 on Ctrl-C."
         ),
     )
     add_job_flags(parser, run_end=False)
+    parser.add_argument(
+        "--check-timeout-s",
+        type=positive_float,
+        default=CHECK_TIMEOUT_S,
+        help="the most seconds each check, and each 1000 env steps of the last, may take before it fails "
+        f"(default {CHECK_TIMEOUT_S:g})",
+    )
     add_output_flags(parser)
     parser.set_defaults(run=run)
 
 
 class Report:
-    """The lines printed so far, and whether any failed."""
+    """The lines printed so far, and whether any failed; each check's start goes to ``progress``."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Progress | None = None) -> None:
         self.failed = False
+        self.progress = progress
 
     def line(self, ok: bool, what: str, detail: str = "") -> None:
         self.failed |= not ok
@@ -70,13 +95,16 @@ class Report:
 
     def attempt(self, what: str, check: Callable[[], str]) -> bool:
         """Run ``check``; its return value is the detail of an ``ok`` line, an exception the reason of a ``FAIL``."""
+        if self.progress is not None:
+            self.progress.begin(what)
         try:
             detail = check()
         except Exception as exc:
             reason = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             self.line(False, what, reason)
+            # Where it failed helps with a plug-in's bug; a refused config is the user's, said in full above.
             last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-            for frame in last:
+            for frame in [] if isinstance(exc, ConfigurationError) else last:
                 print(f"       at {frame.filename}:{frame.lineno} in {frame.name}", flush=True)
             return False
         self.line(True, what, detail)
@@ -84,14 +112,42 @@ class Report:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Watch the checks (:func:`run_checks`) run in a child process; see the module docstring."""
+    if args.stop.is_set():  # a signal came while the command started
+        return by_signal(stop_signal() or signal.SIGTERM)
+    timeout_s = args.check_timeout_s
+    watched = run_watched(lambda progress: run_checks(args, progress), step_timeout_s=timeout_s)
+    if watched.signum is not None:
+        print(f"warren check: stopped by {signal.Signals(watched.signum).name}", file=sys.stderr, flush=True)
+        return by_signal(watched.signum)
+    if watched.stalled is not None:
+        what, _, progress = watched.stalled.partition("\t")
+        Report().line(
+            False,
+            what,
+            f"no end within {timeout_s:g} s{' after ' + progress if progress else ''} (--check-timeout-s): "
+            "an env call that never returns? The checks were stopped",
+        )
+        print("some checks FAILED", flush=True)
+        return ExitCode.FAILED
+    if watched.code not in (ExitCode.OK, ExitCode.FAILED):
+        print(f"FAIL the checks' process ended with status {watched.code}", flush=True)
+        return ExitCode.FAILED
+    return int(watched.code)
+
+
+def run_checks(args: argparse.Namespace, progress: Progress) -> int:
+    """Every check in turn, in the watched child; each says when it begins."""
+    from worker.config import import_env_packages_of
     from worker.logs import setup_logging
 
     setup_logging("check", log_level(args) if args.verbose else "WARNING")
-    report = Report()
+    report = Report(progress)
     report.attempt("plug-ins import in a fresh process", fresh_process_imports)
     jobs: list[Any] = []
 
     def load() -> str:
+        import_env_packages_of()  # as every process of a run does, before its job
         # The stop value plays no part here (and an env without a reward_threshold has none).
         job = job_config(args, extra={"env.stop_value": math.inf})
         jobs.append(job)
@@ -103,15 +159,16 @@ def run(args: argparse.Namespace) -> int:
         )
 
     if not report.attempt("the job loads and its plug-ins accept the env's spaces", load):
-        return 1
+        return ExitCode.FAILED
     job = jobs[0]
     report.attempt("gymnasium's env checker passes", lambda: env_checker(job))
     report.attempt(
         "actor and learner build from the encoded spaces; weights round-trip", lambda: weights_round_trip(job)
     )
-    report.attempt(f"{CHECK_STEPS} env steps and one learner update", lambda: steps_and_update(job))
+    steps = f"{CHECK_STEPS} env steps and one learner update"
+    report.attempt(steps, lambda: steps_and_update(job, lambda done: progress.begin(f"{steps}\t{done}")))
     print("all checks passed" if not report.failed else "some checks FAILED", flush=True)
-    return 1 if report.failed else 0
+    return ExitCode.FAILED if report.failed else ExitCode.OK
 
 
 def spaces_of(job: Any) -> Any:
@@ -123,9 +180,11 @@ def fresh_process_imports() -> str:
     """Discover the plug-ins in a new interpreter (not this one, which may have more on its path)."""
     program = (
         "import json\n"
+        "from worker.config import import_env_packages_of\n"
         "from worker.plugins import PluginRegistry\n"
-        "r = PluginRegistry.discover()\n"
-        "found = {'inventory': r.inventory(), 'failures': list(r.failures), 'env_packages': r.env_packages}\n"
+        "packages = import_env_packages_of()\n"
+        "r = PluginRegistry.discover(env_packages='')\n"
+        "found = {'inventory': r.inventory(), 'failures': list(r.failures), 'env_packages': packages}\n"
         "print(json.dumps(found))\n"
     )
     done = subprocess.run(
@@ -169,25 +228,16 @@ def env_checker(job: Any) -> str:
 def weights_round_trip(job: Any) -> str:
     import numpy as np
 
+    from worker.collector.prepare import build_policy
     from worker.inprocess import job_envs
     from worker.plugins import Spaces
-    from worker.plugins.binding import build_algorithm
     from worker.plugins.registry import installed
     from worker.storage import PolicyStore
 
     # Built again from the spaces' wire form, as a collector and a learner elsewhere build it.
     spaces = Spaces.from_wire(json.loads(json.dumps(job.spaces.to_wire())))
     spec = job.policy_spec()
-    algorithm = build_algorithm(
-        installed(),
-        spaces,
-        algorithm=spec.type,
-        algorithm_version=spec.version,
-        config=spec.config,
-        model=spec.model,
-        model_version=spec.model_version,
-        model_config=spec.model_config,
-    )
+    algorithm = build_policy(installed(), spaces, spec)
     if algorithm.kind == "none":
         return "nothing to learn: no weights"
     learner = algorithm.make_learner(job.env.seed)
@@ -215,11 +265,14 @@ def weights_round_trip(job: Any) -> str:
     return f"{len(weights)} tensors, {tensors:,} numbers, {size:,} bytes on disk; same actions after loading"
 
 
-def steps_and_update(job: Any) -> str:
+def steps_and_update(job: Any, progress: Callable[[str], None] = lambda done: None) -> str:
+    """Collect CHECK_STEPS env steps (more while the learner cannot update), then one update.
+
+    ``progress`` hears of each CHECK_STEPS env steps done, and of the update's start. An
+    algorithm with nothing to learn (``random``) gets the steps only.
+    """
     from worker.inprocess import InProcessJob
 
-    if job.bound.kind == "none":
-        return "nothing to learn: steps only"
     small = replace(job.env, collector_env_num=min(job.env.collector_env_num, 16))
     job = replace(job, env=small, collector=replace(job.collector, n_sample=CHECK_STEPS))
     run = InProcessJob(job)
@@ -227,10 +280,14 @@ def steps_and_update(job: Any) -> str:
     try:
         run.collect()
         steps = run.env_steps
+        if job.bound.kind == "none":
+            return f"{steps:,} env steps; nothing to learn, no update; {time.perf_counter() - start:.1f} s"
         while not run.learner.can_update() and run.env_steps < MAX_STEPS_TO_FIRST_UPDATE:
+            progress(f"{run.env_steps:,} env steps")
             run.collect()
         if not run.learner.can_update():
             raise RuntimeError(f"the learner cannot update after {run.env_steps:,} env steps")
+        progress(f"{run.env_steps:,} env steps, in the update")
         metrics = run.learner.update()
     finally:
         run.close()

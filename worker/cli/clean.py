@@ -22,17 +22,18 @@ def add_parser(commands: Any) -> None:
         help="remove the queues and step files that stopped runs left",
         description=(
             "For every run directory given (default: each one under runs/): a run that was interrupted "
-            "(its process died without cleaning up: a second Ctrl-C, a kill) has its queues deleted from "
-            "the broker, its step files removed and a summary written; a run that ended has the dead letters "
-            "it kept for inspection deleted, and a named one the task queue it kept for joined collectors, "
-            "once no collector listens on it. A "
+            "(its process died without cleaning up: a second Ctrl-C, a kill) has its queues and exchanges "
+            "deleted from the broker, its step files removed and a summary written; a run that ended has the "
+            "dead letters it kept for inspection deleted, and a named one the task queue and roster exchange it "
+            "kept for joined collectors, once no collector listens on the queue (and any run the roster "
+            "exchange an older warren left). Only what was removed is reported. A "
             "run that is alive is left alone, and so are queues that still have consumers. Use the broker "
-            "the runs used (WARREN_AMQP_URL). Logs, run logs and policies stay. Exit code 0 when "
-            "everything is clean, 1 when something was left."
+            "the runs used (WARREN_AMQP_URL; each run's queue prefix is read from its run.json). Logs, run logs "
+            "and policies stay. Exit code 0 when everything is clean, 1 when something was left."
         ),
     )
     parser.add_argument("workdirs", nargs="*", type=Path, help="run directories (default: runs/*)")
-    add_transport_flags(parser)
+    add_transport_flags(parser, address_only=True)
     parser.set_defaults(run=run)
 
 

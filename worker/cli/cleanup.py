@@ -1,7 +1,8 @@
 """What a ``warren run`` leaves behind, and removing it: at its own end, or later for a run that died.
 
 A run declares durable queues under its own prefix (its task queue, its learner's queue,
-its dead-letter queue and exchange): they never expire, so a run whose process dies
+its dead-letter queue and exchange) and its collectors the roster exchange their control
+queues are bound to: none of them expires, so a run whose process dies
 without cleaning up (a second Ctrl-C exits at once; a kill; a crash) leaves them on the
 broker, the learner's queue still holding messages, and its step files on disk. Its
 workdir then shows it was interrupted (:mod:`worker.cli.run_dir`) and names its prefix,
@@ -32,6 +33,31 @@ logger = logging.getLogger(__name__)
 CLEANUP_CONNECT_S: Final = 5.0
 
 
+def cleanup_link(transport: Settings) -> BrokerLink:
+    """A short-budget link that declares nothing: opening it must not bring back the dead-letter
+    exchange and queue it is about to look for and remove."""
+    quick = transport.replace(connect_timeout_s=CLEANUP_CONNECT_S)
+    return BrokerLink(quick, "run-cleanup", reconnect=False, declare_dead_letters=False)
+
+
+def remove_existing(link: BrokerLink, queues: Iterable[str] = (), exchanges: Iterable[str] = ()) -> list[str]:
+    """Delete those of ``queues`` and ``exchanges`` that exist; returns the names of those it removed.
+
+    Looked up first, so what a clean-up reports is what it removed this time, not what it
+    was told to remove (a second ``warren clean`` finds nothing and says nothing).
+    """
+    removed = []
+    for queue in queues:
+        if link.queue_exists(queue):
+            link.delete_queue(queue)
+            removed.append(queue)
+    for exchange in exchanges:
+        if link.exchange_exists(exchange):
+            link.delete_exchange(exchange)
+            removed.append(exchange)
+    return removed
+
+
 def remove_run_topology(
     transport: Settings,
     buffer_id: str,
@@ -42,27 +68,30 @@ def remove_run_topology(
 ) -> bool:
     """Delete what a run declared under ``transport.prefix``.
 
-    ``keep_shared``: keep the task queue and dead-letter queue (a named run's: collectors
-    that joined from elsewhere keep consuming them). ``extra``: more queues of the run (the
+    ``keep_shared``: keep the task queue, the dead-letter queue and the roster exchange (a
+    named run's: collectors that joined from elsewhere keep consuming the queue, their control
+    queues stay bound to the exchange; ``warren clean`` removes them once none listens).
+    Otherwise the roster exchange goes too. ``extra``: more queues of the run (the
     metadata queues of tasks it was following). ``keep_dead_letters``: a dead-letter queue
     holding messages stays, for inspection (``warren clean`` removes it later). Returns
     whether the broker could be used.
     """
     names = Names.of(transport)
-    quick = transport.replace(connect_timeout_s=CLEANUP_CONNECT_S)
     try:
-        with BrokerLink(quick, "run-cleanup", reconnect=False) as link:
+        with cleanup_link(transport) as link:
             link.delete_queue(names.learner_data(buffer_id))
             for queue in extra:
                 link.delete_queue(queue)
             if keep_shared:
                 logger.info(
-                    "kept %s and %s for the collectors that joined the run",
+                    "kept %s, %s and %s for the collectors that joined the run",
                     names.collector_tasks,
                     names.dead_letter_queue,
+                    names.collector_roster,
                 )
                 return True
             link.delete_queue(names.collector_tasks)
+            link.delete_exchange(names.collector_roster)
             kept = link.queue_depth(names.dead_letter_queue) or 0
             if kept and keep_dead_letters:
                 logger.warning(
@@ -93,9 +122,8 @@ def remove_step_files(data: Path) -> int:
 
 def _consumers(transport: Settings, queues: list[str]) -> dict[str, int] | None:
     """Consumers of each of ``queues`` that exists (``None``: the broker cannot be asked)."""
-    quick = transport.replace(connect_timeout_s=CLEANUP_CONNECT_S)
     try:
-        with BrokerLink(quick, "run-cleanup", reconnect=False) as link:
+        with cleanup_link(transport) as link:
             return {queue: link.queue_consumers(queue) or 0 for queue in queues}
     except WarrenError as exc:
         logger.warning("could not look at the run's queues: %s", exc.message)
@@ -199,8 +227,9 @@ def sweep_interrupted_runs(runs_dir: Path, transport: Settings, *, skip: Path) -
 
 
 def clean_ended(workdir: Path, transport: Settings) -> bool:
-    """Remove what an ended run kept: a named run's task queue (once no collector listens on it)
-    and the dead letters any run keeps for inspection."""
+    """Remove what an ended run kept: a named run's task queue and roster exchange (once no
+    collector listens on the queue), the dead letters any run keeps for inspection, and the
+    roster exchange a run of an older warren left. Logs only what it removed this time."""
     record = read_record(workdir)
     if record is None:
         return True  # not a run this version of warren started: nothing known to remove
@@ -220,21 +249,22 @@ def clean_ended(workdir: Path, transport: Settings) -> bool:
             names.collector_tasks,
         )
         return False
-    quick = run_transport.replace(connect_timeout_s=CLEANUP_CONNECT_S)
     try:
-        with BrokerLink(quick, "run-cleanup", reconnect=False) as link:
+        with cleanup_link(run_transport) as link:
             dropped = link.queue_depth(names.dead_letter_queue) or 0
-            for queue in (names.collector_tasks, names.dead_letter_queue):
-                link.delete_queue(queue)
-            link.delete_exchange(names.dead_letter_exchange)
+            removed = remove_existing(
+                link,
+                queues=(names.collector_tasks, names.dead_letter_queue),
+                exchanges=(names.dead_letter_exchange, names.collector_roster),
+            )
     except WarrenError as exc:
-        logger.warning("could not remove the queues of run %s: %s", record.run_id, exc.message)
+        logger.warning("could not remove what run %s kept on the broker: %s", record.run_id, exc.message)
         return False
-    logger.info(
-        "removed the queues run %s kept (%s, %s%s)",
-        record.run_id,
-        names.collector_tasks,
-        names.dead_letter_queue,
-        f", {dropped} dead letters" if dropped else "",
-    )
+    if removed:
+        logger.info(
+            "removed what run %s kept: %s%s",
+            record.run_id,
+            ", ".join(removed),
+            f" ({dropped} dead letters)" if dropped else "",
+        )
     return True

@@ -11,6 +11,8 @@ from typing import Any
 
 from messaging import WarrenError
 from worker import json_text
+from worker.cli.exit_codes import ExitCode, of_ended_run
+from worker.cli.exit_codes import describe as describe_exit_codes
 from worker.cli.flags import (
     add_job_flags,
     add_telemetry_flags,
@@ -20,7 +22,8 @@ from worker.cli.flags import (
     log_level,
     non_negative_int,
 )
-from worker.config import CoordinatorConfig, role_config
+from worker.config import CoordinatorConfig, import_env_packages_of, role_config
+from worker.lifecycle import stop_signal
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -33,8 +36,7 @@ def add_parser(commands: Any) -> None:
         description=(
             "Keep collect tasks running on every collector worker that listens on the task queue, "
             "evaluate every eval_interval_s, forward data metadata to the learner, and stop at the "
-            "stop value or a budget. Exit code 0 when the stop value was reached, 3 when a budget "
-            "ran out, 1 when the run cannot go on (broker unreachable, tasks refused by every worker)."
+            "stop value, a budget or a signal. " + describe_exit_codes()
         ),
     )
     add_transport_flags(parser)
@@ -63,6 +65,7 @@ def configure(args: argparse.Namespace) -> CoordinatorConfig:
     Raises:
         ConfigurationError: a value does not parse or is out of range.
     """
+    import_env_packages_of()  # before the job: its env id may be one they register
     job = job_config(args, extra={"coordinator.collect_tasks": args.collect_tasks})
     return role_config(CoordinatorConfig, job=job, **flag_values(args, CoordinatorConfig))
 
@@ -80,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = coordinator.run()
     except WarrenError as exc:
-        print(f"warren coordinator: {exc.message}")
-        return 1
+        print(f"warren coordinator: {exc.message}", file=sys.stderr)
+        return ExitCode.FAILED
     finally:
         coordinator.progress.close()  # the terminal back to normal, however the run ended
         coordinator.telemetry.close()
     print(json_text.dumps(summary))
     if summary["error"]:
         print(f"warren coordinator: {summary['error']}", file=sys.stderr)
-        return 1
-    return 0 if summary["success"] else 3
+        return ExitCode.PLUGIN_FAILING if summary.get("failure") else ExitCode.FAILED
+    return of_ended_run(summary["success"], stop_signal())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -32,8 +33,13 @@ TRANSPORT_FLAGS = (
 )
 
 
-def add_transport_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by every role; each overrides the ``WARREN_*`` variable of the same name."""
+def add_transport_flags(parser: argparse.ArgumentParser, *, address_only: bool = False) -> None:
+    """Flags shared by every role; each overrides the ``WARREN_*`` variable of the same name.
+
+    ``address_only``: only which broker and how to trust it (``--amqp-url``,
+    ``--amqp-ca-file``), for a command that reads the rest from elsewhere (``warren clean``
+    takes each run's prefix from its ``run.json`` and connects with a budget of its own).
+    """
     group = parser.add_argument_group("broker (flags override WARREN_* environment variables)")
     group.add_argument(
         "--amqp-url",
@@ -41,6 +47,9 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
         "(WARREN_AMQP_URL; default amqp://guest:guest@localhost:5672/%%2F)",
     )
     group.add_argument("--amqp-ca-file", help="CA bundle for amqps:// (WARREN_AMQP_CA_FILE)")
+    if address_only:
+        add_output_flags(parser, broker=True)
+        return
     group.add_argument("--prefix", help="queue-name prefix (WARREN_PREFIX; default warren)")
     group.add_argument("--heartbeat-s", type=int, help="AMQP heartbeat in seconds (WARREN_HEARTBEAT_S; default 30)")
     group.add_argument(
@@ -58,11 +67,12 @@ def add_transport_flags(parser: argparse.ArgumentParser) -> None:
         help="how the durable queues are declared; quorum: replicated, survives a node loss "
         "(WARREN_QUEUE_TYPE; default classic; the same in every process of a deployment)",
     )
-    add_output_flags(parser)
+    add_output_flags(parser, broker=True)
 
 
-def add_output_flags(parser: argparse.ArgumentParser) -> None:
-    """``--log-level`` and ``--verbose``, which every command takes."""
+def add_output_flags(parser: argparse.ArgumentParser, *, broker: bool = False) -> None:
+    """``--log-level`` and ``--verbose``, which every command takes (``broker``: one that talks to the broker,
+    whose ``--verbose`` shows pika's messages too)."""
     output = parser.add_argument_group("output")
     output.add_argument(
         "--log-level",
@@ -72,7 +82,10 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
         help="(default INFO)",
     )
     output.add_argument(
-        "-v", "--verbose", action="store_true", help="log at DEBUG, with pika's own messages and tracebacks"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log at DEBUG, with pika's own messages and tracebacks" if broker else "log at DEBUG",
     )
 
 
@@ -190,6 +203,17 @@ def add_job_flags(parser: argparse.ArgumentParser, *, run_end: bool = True) -> N
         help="algorithm plug-in: dqn, ppo, sac, random, or an installed one (algorithm.name; WARREN_ALGORITHM)",
     )
     group.add_argument("--seed", type=int, help="seed of envs and networks (env.seed; WARREN_SEED)")
+    group.add_argument(
+        "--set",
+        dest="job_settings",
+        action="append",
+        type=job_setting,
+        metavar="SECTION.KEY=VALUE",
+        help="any setting of the job file (algorithm.lr=3e-4, model.hidden_sizes=[64,64], env.id=Pendulum-v1), "
+        "checked like the file's; VALUE is a TOML value, else a string; repeatable (the last of a key wins); "
+        "applied over --config, and refused where a job flag here (--seed...) or its variable gives the same key "
+        "another value",
+    )
     if run_end:
         group.add_argument(
             "--stop-value",
@@ -200,7 +224,7 @@ def add_job_flags(parser: argparse.ArgumentParser, *, run_end: bool = True) -> N
         group.add_argument(
             "--max-env-steps",
             type=positive_int,
-            help="env step budget (coordinator.max_env_steps; WARREN_MAX_ENV_STEPS; 400000)",
+            help="env step budget (coordinator.max_env_steps; WARREN_MAX_ENV_STEPS; 2000000)",
         )
         group.add_argument(
             "--max-time-s",
@@ -209,18 +233,66 @@ def add_job_flags(parser: argparse.ArgumentParser, *, run_end: bool = True) -> N
         )
 
 
+def toml_value(text: str) -> Any:
+    """``text`` read as a TOML value (``3e-4``, ``true``, ``[64, 64]``, ``"a b"``, ``inf``), else the text itself.
+
+    So ``--set`` gives a job the values a job file would hold, typed the same way; a bare
+    word (``Pendulum-v1``, ``ppo``) is a string without shell-proof quotes.
+    """
+    if "\n" in text:
+        return text  # one value, never more keys smuggled in after it
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def job_setting(text: str) -> tuple[str, Any]:
+    """argparse type of ``--set``: ``SECTION.KEY=VALUE`` as ``("section.key", value)``."""
+    key, equals, value = text.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not equals or not dot or not section or not name or "." in name:
+        raise argparse.ArgumentTypeError(
+            f"must be SECTION.KEY=VALUE, one key of one section of the job file (algorithm.lr=3e-4), got {text!r}"
+        )
+    return f"{section}.{name}", toml_value(value.strip())
+
+
+#: The job keys the named flags set, and the flag (its argparse dest) of each.
+JOB_FLAGS = {
+    "env.id": "env_id",
+    "env.seed": "seed",
+    "algorithm.name": "algorithm",
+    "env.stop_value": "stop_value",
+    "coordinator.max_env_steps": "max_env_steps",
+    "coordinator.max_time_s": "max_time_s",
+}
+
+
 def job_config(
     args: argparse.Namespace, *, config_file: Path | None = None, extra: Mapping[str, object] | None = None
 ) -> JobConfig:
-    """The job config from ``--config`` (or ``config_file``) and the override flags the role has."""
-    flags = {
-        "env.id": "env_id",
-        "env.seed": "seed",
-        "algorithm.name": "algorithm",
-        "env.stop_value": "stop_value",
-        "coordinator.max_env_steps": "max_env_steps",
-        "coordinator.max_time_s": "max_time_s",
-    }
-    overrides: dict[str, object] = {key: getattr(args, name, None) for key, name in flags.items()}
+    """The job config from ``--config`` (or ``config_file``), ``--set``, and the override flags the role has.
+
+    ``--set`` values go over the file's; a named flag (or its ``WARREN_*`` variable) or a
+    value of the command's own (``extra``) that gives one of their keys another value is a
+    conflict, refused: which should win is the user's call, not a precedence rule to know.
+
+    Raises:
+        ConfigurationError: a conflict, or a job the file and the overrides make that cannot run.
+    """
+    overrides: dict[str, object] = {key: getattr(args, name, None) for key, name in JOB_FLAGS.items()}
     overrides.update({key: value for key, value in (extra or {}).items() if value is not None})
-    return JobConfig.load(config_file if config_file is not None else args.config, **overrides)
+    settings: dict[str, Any] = dict(getattr(args, "job_settings", None) or ())
+    for key, value in settings.items():
+        given = overrides.get(key)
+        if given is not None and given != value:
+            flag = JOB_FLAGS.get(key)
+            source = (
+                f"--{flag.replace('_', '-')} (or {env_variable(flag)})" if flag is not None else "the command itself"
+            )
+            raise ConfigurationError(
+                f"--set {key}={value!r} conflicts with {key} = {given!r} from {source}: give {key} once"
+            )
+    merged = {**settings, **{key: value for key, value in overrides.items() if value is not None}}
+    return JobConfig.load(config_file if config_file is not None else args.config, **merged)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging import WarrenError
+from worker.cli.exit_codes import ExitCode
 from worker.cli.flags import (
     add_job_flags,
     add_telemetry_flags,
@@ -17,7 +18,8 @@ from worker.cli.flags import (
     job_config,
     log_level,
 )
-from worker.config import LearnerConfig, role_config
+from worker.config import LearnerConfig, import_env_packages_of, role_config
+from worker.errors import PluginFailed
 from worker.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ def add_parser(commands: Any) -> None:
         type=int,
         help="torch intra-op threads (WARREN_TORCH_THREADS; default: the job's learner.torch_threads, else 1)",
     )
+    parser.add_argument(
+        "--device",
+        help="where to train: auto, cpu, cuda, cuda:N (WARREN_DEVICE; default: the job's learner.device, auto)",
+    )
     add_telemetry_flags(parser, tensorboard=True)
     parser.set_defaults(run=run)
 
@@ -51,6 +57,7 @@ def configure(args: argparse.Namespace) -> LearnerConfig:
     Raises:
         ConfigurationError: a value does not parse or is out of range.
     """
+    import_env_packages_of()  # before the job: its env id may be one they register
     return role_config(LearnerConfig, job=job_config(args), **flag_values(args, LearnerConfig))
 
 
@@ -64,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         learner = Learner(config, stop)
         learner.run()
+    except PluginFailed as exc:
+        # One line naming the plug-in: ``warren run`` shows it and gives up on the run (exit code 4).
+        logger.critical("learner stops: %s", exc.message)
+        return ExitCode.PLUGIN_FAILING
     except WarrenError as exc:
         logger.critical("learner stops: %s", exc.message)
-        return 1
+        return ExitCode.FAILED
     finally:
         if learner is not None:
             learner.telemetry.close()  # also when the run failed: the last TensorBoard point, the port freed

@@ -20,6 +20,8 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from worker.cli import check, clean, collector, coordinator, learner, plot, run
+    from worker.cli import eval as eval_command
+    from worker.cli import export as export_command
 
     parser = argparse.ArgumentParser(
         prog="warren",
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for role in (collector, coordinator, learner, run, check, plot, clean):
+    for role in (collector, coordinator, learner, run, check, plot, clean, eval_command, export_command):
         role.add_parser(commands)
     return parser
 

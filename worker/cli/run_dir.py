@@ -107,6 +107,22 @@ def state_of(workdir: Path) -> RunState:
     return RunState.NEW
 
 
+def runs_under(directory: Path) -> dict[str, RunState]:
+    """The directories under ``directory`` that a run used, by name, with what became of each run."""
+    if not directory.is_dir():
+        return {}
+    states = {path.name: state_of(path) for path in sorted(directory.iterdir()) if path.is_dir()}
+    return {name: state for name, state in states.items() if state is not RunState.NEW}
+
+
+def describe_runs(directory: Path) -> str:
+    """The runs under ``directory`` in words, for a message: ``runs/: exp1 (ended), exp2 (interrupted)``."""
+    runs = runs_under(directory)
+    if not runs:
+        return f"no run has used {directory}/ yet"
+    return f"runs in {directory}/: " + ", ".join(f"{name} ({state.value})" for name, state in runs.items())
+
+
 def read_record(workdir: Path) -> RunRecord | None:
     """The record of ``workdir``'s run, if there is a readable one."""
     try:

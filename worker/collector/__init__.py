@@ -1,1 +1,2 @@
-"""The collector worker: DI-engine's comm collector on RabbitMQ."""
+"""The collector worker: runs the job's actor in a batch of envs for the collect and eval tasks the broker
+brings, and ships a collect task's samples as step files on the shared volume, their metadata through the broker."""

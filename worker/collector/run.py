@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from messaging import (
     CodecError,
@@ -18,12 +19,13 @@ from messaging import (
     MessagingError,
     MetadataPublisher,
     QueueDecl,
-    Settings,
     StreamStopped,
 )
+from worker.collector.publishers import KeptPublisher
 from worker.collector.sink import BrokerSink
-from worker.errors import WarrenError
-from worker.plugins import Algorithm
+from worker.errors import PluginFailed, WarrenError
+from worker.plugins import Algorithm, Spaces
+from worker.plugins.faults import TaskPlugins
 from worker.protocol import FinishInfo, InfoItem, StartTask
 from worker.rl.envs import VecEnvBatch
 from worker.rl.rollout import Rollout
@@ -34,6 +36,11 @@ logger = logging.getLogger(__name__)
 #: How long the last info of a failed or aborted task, and the data before it, wait for the
 #: broker's confirms (for room in a full metadata queue).
 FINAL_INFO_WAIT_S = 5.0
+#: A task asked to stop whose plug-in call has run this long, and ten times as long as its
+#: slowest call before, is hung in it: it is not waited for (a close or a shutdown would
+#: otherwise wait out the whole grace for a call that never returns).
+HUNG_CALL_S = 10.0
+HUNG_CALL_FACTOR = 10.0
 
 
 class FilePolicySource:
@@ -56,7 +63,7 @@ class CollectorRun:
 
     Args:
         start: the validated start task.
-        transport: broker settings for the task's own link.
+        publishers: the worker's publisher, kept from task to task.
         metadata: the task's metadata queue.
         steps: where step files go.
         policies: where policy files come from.
@@ -65,24 +72,28 @@ class CollectorRun:
         envs: the env batch the task steps.
         owns_envs: close ``envs`` when the task ends (eval tasks); else the worker keeps
             them for its next collect task.
+        plugins: the task's plug-ins, which its failures name.
+        on_ended: called on the task's thread as its last act, once the task is over (done,
+            failed or stopped) and its envs are no longer stepped.
     """
 
     def __init__(
         self,
         start: StartTask,
         *,
-        transport: Settings,
-        role: str,
+        publishers: KeptPublisher,
         metadata: QueueDecl,
         steps: StepStore,
         policies: PolicyStore,
         policy_wait_s: float,
-        stall_timeout_s: float,
         algorithm: Algorithm,
         envs: VecEnvBatch,
         owns_envs: bool = False,
+        plugins: TaskPlugins | None = None,
+        on_ended: Callable[[CollectorRun], None] | None = None,
     ) -> None:
         self.start_task = start
+        self._on_ended = on_ended
         self.metadata = metadata
         self.stop = threading.Event()
         self.finished = threading.Event()
@@ -90,15 +101,16 @@ class CollectorRun:
         self.orphaned = False
         """The task's reader is gone (its metadata queue was deleted or stayed full): nobody will close it."""
         self.finished_at: float | None = None
-        self._stall_timeout_s = stall_timeout_s
-        self._transport = transport
-        self._role = role
+        self._publishers = publishers
         self._steps = steps
         self._policies = policies
         self._policy_wait_s = policy_wait_s
         self._algorithm = algorithm
         self._envs = envs
         self._owns_envs = owns_envs
+        self._plugins = plugins
+        self.envs_suspect = False
+        """Plug-in code failed while the task ran: its envs may be broken, so they are not used again."""
         self._rollout: Rollout | None = None
         self._sink: BrokerSink | None = None
         self._aborted = False
@@ -108,18 +120,47 @@ class CollectorRun:
     def task_id(self) -> str:
         return self.start_task.task_id
 
+    @property
+    def spaces(self) -> Spaces:
+        """The spaces of the task's env (its start reply carries them)."""
+        return self._envs.spaces
+
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def envs(self) -> VecEnvBatch:
+        return self._envs
+
     def close(self, timeout_s: float) -> FinishInfo:
-        """Stop the rollout after its current step and return DI-engine's ``finish_info``."""
+        """Stop the rollout after its current step and return DI-engine's ``finish_info``.
+
+        Waits up to ``timeout_s`` for the current step to end, less for a plug-in call that
+        is hung (:data:`HUNG_CALL_S`): the task is then stuck, and its finish info says in
+        which plug-in and call.
+        """
         self.stop.set()
-        self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and time.monotonic() < deadline and not self._hung():
+            self._thread.join(min(0.1, max(0.0, deadline - time.monotonic())))
         if self._thread.is_alive():
-            logger.warning(
-                "task %s did not stop within %.0f s (stuck in env or plug-in code?)", self.task_id, timeout_s
-            )
+            calling = self._rollout.in_call() if self._rollout is not None else None
+            if calling is None:
+                logger.warning("task %s did not stop within %.0f s", self.task_id, timeout_s)
+            else:
+                what, running_s, _ = calling
+                if self.error is None:
+                    self.error = f"{what}: did not return in {running_s:.0f} s (hung)"
+                logger.warning("task %s is stuck: %s has not returned in %.0f s", self.task_id, what, running_s)
         return self.finish_info()
+
+    def _hung(self) -> bool:
+        """Whether the task is in a plug-in call that has run too long to be only a slow one."""
+        calling = self._rollout.in_call() if self._rollout is not None else None
+        if calling is None:
+            return False
+        _, running_s, slowest_s = calling
+        return running_s >= max(HUNG_CALL_S, HUNG_CALL_FACTOR * slowest_s)
 
     @property
     def stuck(self) -> bool:
@@ -157,9 +198,10 @@ class CollectorRun:
     # -- the task thread ------------------------------------------------------------
 
     def _main(self) -> None:
-        confirmed = ConfirmedPublisher(self._transport, self._role, stall_timeout_s=self._stall_timeout_s)
+        confirmed: ConfirmedPublisher | None = None
         try:
-            publisher = MetadataPublisher(confirmed.open(), self.metadata, stop=self.stop)
+            confirmed = self._publishers.take()
+            publisher = MetadataPublisher(confirmed, self.metadata, stop=self.stop)
             self._collect(publisher)
             if self._aborted:
                 self._final_info(publisher, aborted=True)
@@ -170,11 +212,14 @@ class CollectorRun:
             self.orphaned = True
             logger.error("task %s lost its broker link: %s", self.task_id, exc.message)
         finally:
-            confirmed.close(FINAL_INFO_WAIT_S)
+            if confirmed is not None:
+                self._publishers.give_back(confirmed, self.metadata.name, sound=not self.orphaned)
             if self._owns_envs:
                 self._envs.close()
             self.finished_at = time.monotonic()
             self.finished.set()
+            if self._on_ended is not None:
+                self._on_ended(self)
 
     def _collect(self, publisher: MetadataPublisher) -> None:
         start = self.start_task
@@ -185,7 +230,14 @@ class CollectorRun:
             numpy = self._algorithm.weights_format == "numpy"
             source = FilePolicySource(self._policies, start.cfg.policy_update_path, numpy=numpy)
         self._rollout = Rollout(
-            start.cfg, self._algorithm, self._envs, sink, source, stop=self.stop, policy_wait_s=self._policy_wait_s
+            start.cfg,
+            self._algorithm,
+            self._envs,
+            sink,
+            source,
+            stop=self.stop,
+            policy_wait_s=self._policy_wait_s,
+            plugins=self._plugins,
         )
         logger.info("task %s started (%s)", start.task_id, "eval" if start.cfg.eval_flag else "collect")
         try:
@@ -208,11 +260,15 @@ class CollectorRun:
             # The coordinator learns of the failure from the stream: a final info marked done,
             # carrying the error, so it closes the task instead of waiting for data forever.
             self.error = exc.message
-            logger.error("task %s failed: %s", start.task_id, exc.message)
+            # After plug-in code failed, its envs are in a state nobody knows: not used again.
+            self.envs_suspect = isinstance(exc, PluginFailed)
+            # The traceback of a plug-in's exception, for its author (the error has its first line).
+            logger.error("task %s failed: %s", start.task_id, exc.message, exc_info=self.envs_suspect)
             self._final_info(publisher, aborted=False)
             return
         except Exception as exc:  # a bug in env or policy code must not kill the worker
             self.error = f"{type(exc).__name__}: {exc}"
+            self.envs_suspect = True
             logger.exception("task %s crashed", start.task_id)
             self._final_info(publisher, aborted=False)
             return

@@ -4,33 +4,42 @@ Two queues feed it:
 
 * ``<prefix>.collector.tasks``, shared by every worker: ``resource`` and
   ``collector_start_task``. An idle worker consumes it; a busy one pauses its consumer,
-  so start tasks go to the idle workers. Scaling out is starting more workers.
+  so start tasks go to the idle workers. Scaling out is starting more workers. A task
+  started with ``free_when_done`` frees the worker as soon as it is over, before its
+  close: a start request waiting in the queue then reaches the worker at once, and the
+  close of the task before, which names its task, finds it among the ended ones.
 * ``<prefix>.collector.control.<worker_id>``, the worker's own (auto-delete) queue:
   ``collector_data_task`` and ``collector_close_task`` about the collector it runs, and
   ``resource``. It disappears with the worker's connection, so a coordinator sending to
   a dead worker gets an immediate routing error instead of a long timeout.
+
+This module is the request handlers and the worker's lifecycle. A start task is prepared
+(or refused) in :mod:`~worker.collector.prepare`, runs as a
+:class:`~worker.collector.run.CollectorRun`, in envs the worker keeps between collect
+tasks (:mod:`~worker.collector.envs`); ``resource`` replies measure the machine with
+:mod:`~worker.collector.resources`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from messaging import BrokerLink, DecodeError, MessagingError, Names, Reply, Request, RpcServer, decode
+from worker.collector.envs import WorkerEnvs
+from worker.collector.prepare import prepare_task, task_plugins_of
+from worker.collector.publishers import KeptPublisher
+from worker.collector.resources import measured_resources
 from worker.collector.run import CollectorRun
 from worker.config import CollectorConfig
-from worker.errors import StorageError, TaskError, UnsafePath, WarrenError
-from worker.lifecycle import limit_torch_threads
-from worker.plugins import Algorithm, EnvPlugin, MissingPlugin, PluginRegistry, Spaces, UnsupportedSpace
-from worker.plugins.binding import build_algorithm, env_plugin, make_env_context
+from worker.devices import visible_gpus
+from worker.errors import StorageError, UnsafePath, WarrenError
+from worker.plugins import PluginRegistry
 from worker.plugins.registry import describe_inventory
 from worker.protocol import (
-    CollectorSpec,
     FinishInfo,
     Refusal,
     ResourceReply,
@@ -40,45 +49,10 @@ from worker.protocol import (
     close_target,
     task_name,
 )
-from worker.rl.envs import VecEnvBatch, worker_seed
 from worker.storage import STALE_TEMP_S, PolicyStore, StepStore
 from worker.telemetry.collector import CollectorMetrics, collector_metrics, install
 
 logger = logging.getLogger(__name__)
-
-
-def visible_gpus(dev: Path = Path("/dev")) -> int:
-    """NVIDIA GPUs this process may use, counted without importing torch.
-
-    The ``/dev/nvidia<N>`` devices, narrowed by ``CUDA_VISIBLE_DEVICES`` as CUDA reads it
-    (the entries up to the first that is not a device: ``-1``, an empty one). A count, not
-    a promise that CUDA works: the workers only report it (``resource``).
-    """
-    devices = sum(1 for path in dev.glob("nvidia*") if path.name[len("nvidia") :].isdigit())
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return devices
-    listed = 0
-    for part in visible.split(","):
-        entry = part.strip()
-        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
-            break
-        listed += 1
-    return min(devices, listed)
-
-
-def measured_resources(gpus: int) -> dict[str, int]:
-    """What this process can use: the GPUs it sees (:func:`visible_gpus`) and the CPUs it may run on.
-
-    Args:
-        gpus: the GPU count measured at start (:func:`visible_gpus`; it cannot change while
-            a process runs).
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return {"gpu": gpus, "cpu": cpus}
 
 
 class CollectorWorker:
@@ -97,9 +71,13 @@ class CollectorWorker:
         self.policies = PolicyStore(config.path_policy)
         self.server = RpcServer(config.transport, self.role, threads=config.handler_threads)
         self.control_queue = self.names.collector_control(config.worker_id)
+        self.publishers = KeptPublisher(config.transport, f"{self.role}-task", stall_timeout_s=config.stall_timeout_s)
         self._lock = threading.Lock()
         self._run: CollectorRun | None = None
-        self._envs: VecEnvBatch | None = None
+        """The task running now (or over, but not freed: a close frees it)."""
+        self._ended: dict[str, CollectorRun] = {}
+        """Tasks over and freed (``free_when_done``) whose close has not come yet, oldest first."""
+        self.envs = WorkerEnvs(config.worker_id, config.vector_env_threads)
         # Counted once, `resource` only reads it; without torch (a numpy actor's collector never imports it).
         self._gpus = visible_gpus()
         # Every plug-in this worker may run is imported now, once: a task can only choose among them.
@@ -130,10 +108,14 @@ class CollectorWorker:
         logger.info("plug-ins: %s", "; ".join(describe_inventory(self._inventory)))
 
     def tick(self) -> None:
-        """Housekeeping from the main thread: close a finished task nobody came to close."""
+        """Housekeeping from the main thread: close the finished tasks nobody came to close."""
         with self._lock:
-            run = self._run
-        if run is None or run.finished_at is None:
+            runs = [*self._ended.values(), *([self._run] if self._run is not None else [])]
+        for run in runs:
+            self._close_unclosed(run)
+
+    def _close_unclosed(self, run: CollectorRun) -> None:
+        if run.finished_at is None:
             return
         if run.orphaned:
             logger.warning("task %s has no reader any more: freeing the worker", run.task_id)
@@ -150,12 +132,15 @@ class CollectorWorker:
         self.server.pause(self.names.collector_tasks)
         with self._lock:
             run = self._run
+            ended = list(self._ended.values())
         if run is not None:
             logger.info("stopping: aborting task %s", run.task_id)
             run.abort(grace)
+        for over in ended:
+            over.close(grace)  # over already: returns at once
         self.server.stop(grace)
-        if self._envs is not None:
-            self._envs.close()
+        self.publishers.close()
+        self.envs.close(run)
         logger.info("worker %s stopped", self.config.worker_id)
 
     # -- handlers -------------------------------------------------------------------
@@ -205,14 +190,17 @@ class CollectorWorker:
             expires_s=self.config.transport.metadata_queue_expires_s,
         )
         with self._lock:
-            if self._run is not None and self._run.task_id == start.task_id:
-                return self._repeated_start(self._run, request, decl.name)
+            earlier = self._ended.get(start.task_id)
+            if earlier is None and self._run is not None and self._run.task_id == start.task_id:
+                earlier = self._run
+            if earlier is not None:
+                return self._repeated_start(earlier, request, decl.name)
             if self._run is not None:
                 raise Refusal.WORKER_BUSY.error(
                     f"worker {self.config.worker_id} is busy with task {self._run.task_id}", task_id=self._run.task_id
                 )
             # May refuse the task (a missing plug-in, an unknown env, spaces that differ): before pausing.
-            algorithm, envs = self._prepare(start)
+            algorithm, envs = prepare_task(self.registry, self.envs, start.cfg, self.config.worker_id)
             # Declared before replying, so the coordinator can read the stream at once. Once:
             # the task's own publisher keeps it declared while the task runs.
             request.link.declare(decl, remember=False)
@@ -220,16 +208,16 @@ class CollectorWorker:
             self.server.pause(self.names.collector_tasks)
             run = CollectorRun(
                 start,
-                transport=self.config.transport,
-                role=f"{self.role}-task",
+                publishers=self.publishers,
                 metadata=decl,
                 steps=self.steps,
                 policies=self.policies,
                 policy_wait_s=self.config.policy_wait_s,
-                stall_timeout_s=self.config.stall_timeout_s,
                 algorithm=algorithm,
                 envs=envs,
                 owns_envs=start.cfg.eval_flag,
+                plugins=task_plugins_of(self.registry, start.cfg),
+                on_ended=self._free_when_done if start.free_when_done else None,
             )
             run.start()
             self._run = run
@@ -242,7 +230,14 @@ class CollectorWorker:
             request.envelope.correlation_id,
             ", redelivered" if request.envelope.redelivered else "",
         )
-        reply = StartReply(self.config.worker_id, start.task_id, self.control_queue, decl.name)
+        reply = StartReply(
+            self.config.worker_id,
+            start.task_id,
+            self.control_queue,
+            decl.name,
+            envs.spaces.to_wire(),
+            free_when_done=start.free_when_done,
+        )
         # Nobody heard that we started: do not keep a task that no coordinator will close.
         return Reply(reply.to_wire(), on_failed=lambda: self._abandon(run, request.link))
 
@@ -260,7 +255,14 @@ class CollectorWorker:
             request.envelope.correlation_id,
             ", redelivered" if request.envelope.redelivered else "",
         )
-        reply = StartReply(self.config.worker_id, run.task_id, self.control_queue, metadata_queue)
+        reply = StartReply(
+            self.config.worker_id,
+            run.task_id,
+            self.control_queue,
+            metadata_queue,
+            run.spaces.to_wire(),
+            free_when_done=run.start_task.free_when_done,
+        )
         # No abandon if this answer is lost: the first one may have been heard, and a run
         # nobody follows is closed by the coordinator (a stray) or by the close wait.
         return Reply(reply.to_wire())
@@ -273,82 +275,21 @@ class CollectorWorker:
         except UnsafePath as exc:
             raise Refusal.UNSAFE_PATH.error(f"refused policy_update_path: {exc.message}") from None
 
-    def _prepare(self, start: StartTask) -> tuple[Algorithm, VecEnvBatch]:
-        """The task's algorithm and env batch, or the refusal that says why this worker cannot run it.
+    def _current(self, name: TaskName, target: str | None = None) -> CollectorRun:
+        """The task a data or close request is about.
 
-        Collect tasks reuse the worker's env batch while the env stays the same (episodes
-        continue across tasks); eval tasks get a fresh one, closed when they end.
+        The one it names; else, for a close, the oldest task that is done and waits for its
+        close (then the running one), and for a data task the running one (then the oldest
+        done one): docs/protocol.md, ``free_when_done``.
         """
-        spec = start.cfg
-        worker = self.config.worker_id
-        try:
-            plugin = env_plugin(self.registry, spec.env.plugin, spec.env.plugin_version)
-            envs = self._envs_for(spec, plugin)
-            try:
-                algorithm = self._bind(spec, envs.spaces)
-            except BaseException:
-                if spec.eval_flag:
-                    envs.close()
-                raise
-        except MissingPlugin as exc:
-            message = f"worker {worker}: {exc.message}"
-            raise Refusal.MISSING_PLUGIN.error(message, worker_id=worker, **exc.result) from None
-        except UnsupportedSpace as exc:
-            raise Refusal.UNSUPPORTED_ENV.error(exc.message) from None
-        if algorithm.kind != "none" and algorithm.weights_format == "torch":
-            # Its actor runs torch: capped before it is built, so that it leaves the learner the cores.
-            limit_torch_threads(1)
-        return algorithm, envs
-
-    def _bind(self, spec: CollectorSpec, env_spaces: Spaces) -> Algorithm:
-        if spec.spaces is not None and spec.spaces.digest != env_spaces.digest:
-            raise Refusal.UNSUPPORTED_ENV.error(
-                f"env {spec.env.id!r} on worker {self.config.worker_id} has {env_spaces.describe()}; the task's "
-                f"spaces are {spec.spaces.describe()} (another version of the env?)"
-            )
-        policy = spec.policy
-        try:
-            algorithm = build_algorithm(
-                self.registry,
-                spec.spaces or env_spaces,
-                algorithm=policy.type,
-                algorithm_version=policy.version,
-                config=policy.config,
-                model=policy.model,
-                model_version=policy.model_version,
-                model_config=policy.model_config,
-            )
-            algorithm.check_collect_settings(spec.collect_setting)
-        except (MissingPlugin, UnsupportedSpace):
-            raise
-        except TaskError as exc:
-            raise Refusal.BAD_COLLECTOR_CFG.error(exc.message) from None
-        if algorithm.kind != "none" and spec.policy_update_path is None:
-            raise Refusal.BAD_COLLECTOR_CFG.error(
-                f"collector_cfg.policy_update_path is missing (algorithm {policy.type!r} acts with learned weights)"
-            )
-        return algorithm
-
-    def _envs_for(self, spec: CollectorSpec, plugin: EnvPlugin) -> VecEnvBatch:
-        env = spec.env
-        threads = self.config.vector_env_threads
-        if spec.eval_flag:  # every eval starts from the same episodes, so evals compare
-            ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=env.seed, threads=threads)
-            return VecEnvBatch(plugin, ctx)
-        seed = None if env.seed is None else worker_seed(env.seed, self.config.worker_id)
-        ctx = make_env_context(env.id, env.env_num, kwargs=env.kwargs, seed=seed, threads=threads)
-        envs = self._envs
-        if envs is not None and (envs.ctx != ctx or envs.plugin is not plugin):
-            envs.close()
-            envs = self._envs = None
-        if envs is None:
-            envs = VecEnvBatch(plugin, ctx)
-        self._envs = envs
-        return envs
-
-    def _current(self, name: TaskName) -> CollectorRun:
         with self._lock:
-            run = self._run
+            oldest_ended = next(iter(self._ended.values()), None)
+            if target is not None:
+                run = self._ended.get(target) or self._run
+            elif name is TaskName.CLOSE:
+                run = oldest_ended or self._run
+            else:
+                run = self._run or oldest_ended
         if run is None:
             raise Refusal.NO_RUNNING_COLLECTOR.error(
                 f"{name}: no collector task is running on worker {self.config.worker_id}"
@@ -376,7 +317,7 @@ class CollectorWorker:
 
     def _close(self, request: Request) -> dict[str, Any]:
         target = close_target(request.body)
-        run = self._current(TaskName.CLOSE)
+        run = self._current(TaskName.CLOSE, target)
         if target is not None and target != run.task_id:
             # A late close (its task ended at the close wait): the running one is not its to end.
             raise Refusal.NO_RUNNING_COLLECTOR.error(
@@ -399,17 +340,35 @@ class CollectorWorker:
             link.delete_queue(run.metadata.name)
         logger.info("removed task %s's metadata queue and its %d step files", run.task_id, len(written))
 
+    def _free_when_done(self, run: CollectorRun) -> None:
+        """On the task's thread, its last act: the task is done, so the worker takes the next one now.
+
+        It waits for its close among the ended tasks. A task that failed is not freed
+        early: the worker takes no task until its close, so the pause a coordinator makes
+        after a failure (docs/plugins.md) is not skipped by a start waiting in the queue.
+        """
+        with self._lock:
+            if self._run is not run or run.error is not None:
+                return  # closed already (a close that stopped it), or failed
+            self.envs.after(run)
+            self._run = None
+            self._ended[run.task_id] = run
+            self.server.resume(self.names.collector_tasks)
+        logger.debug("task %s is over: taking the next task before its close", run.task_id)
+
     def _release(self, run: CollectorRun) -> FinishInfo:
         finish_info = run.close(self.config.stop_grace_s)
         with self._lock:
-            if run.stuck and self._envs is not None:
-                # Its thread still steps these envs: the next task must not share them. They
-                # are left to that thread (closing them under it could crash the process).
-                logger.warning("task %s is stuck: the next task gets new envs", run.task_id)
-                self._envs = None
+            freed = False
             if self._run is run:
+                self.envs.after(run)
                 self._run = None
                 self.server.resume(self.names.collector_tasks)
+                freed = True
+            elif self._ended.get(run.task_id) is run:
+                del self._ended[run.task_id]
+                freed = True
+            if freed:
                 self.metrics.task_ended(finish_info)  # once per task: only the release that freed it
         return finish_info
 

@@ -5,6 +5,10 @@ replies polled, streams are read with a zero timeout, and every request has a de
 A worker that dies mid-task is noticed by its control queue vanishing (auto-delete, and
 consumed only by the worker's connection) or by its silence; what it had already published is kept,
 and the task's slot is filled again by the coordinator's scheduling.
+
+It is one piece, over 400 lines: the steps of a task's life (start, stream, close, re-run)
+hand the same task on to each other in one table, on the loop's thread, and each step
+decides what the next one is; apart, they would share that table and its states anyway.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class TaskDriver:
         on_completed: called once per finished task.
         on_dropped: called once per task given up, with whether it is to be run again.
         on_refused: called when a worker refuses a start request.
+        plugins: the job's plug-ins in words, for the messages about tasks that hang.
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class TaskDriver:
         on_completed: Completed,
         on_dropped: Callable[[Task, bool], None],
         on_refused: Refused,
+        plugins: str = "",
     ) -> None:
         self.bus = bus
         self.stats = stats
@@ -91,6 +97,7 @@ class TaskDriver:
         self.on_completed = on_completed
         self.on_dropped = on_dropped
         self.on_refused = on_refused
+        self.plugins = plugins
         self.tasks: dict[str, Task] = {}
         self.seq = 0
         self.relay = DataRelay(bus, learner_queue)
@@ -101,7 +108,8 @@ class TaskDriver:
         """Send a start request for a new task: to the shared task queue, or to one worker's control queue."""
         self.seq += 1
         task_id = f"{kind.value}-{self.seq:06d}-{int(time.time()) % 100000:05d}"
-        task = Task(task_id, kind, StartTask(task_id, self.buffer_id, cfg), target=target)
+        # free_when_done: this coordinator reads the stream and closes each task by its id.
+        task = Task(task_id, kind, StartTask(task_id, self.buffer_id, cfg, free_when_done=True), target=target)
         self.tasks[task_id] = task
         self._send_start(task)
         return task
@@ -118,7 +126,7 @@ class TaskDriver:
             # The chosen worker is gone: forget the task, its slot is filled again elsewhere.
             logger.warning("task %s: worker queue %s is gone; starting it elsewhere", task.task_id, queue)
             task.correlation_id = None
-            self.drop(task, rerun=False)
+            self.drop(task, rerun=True)
             return
         except PublishRejected as exc:
             # Nacked even after the link's own resends (a quorum task queue between leaders,
@@ -208,6 +216,7 @@ class TaskDriver:
             reply.control_queue,
             reply.metadata_queue,
         )
+        task.frees_worker = reply.free_when_done
         task.stream = self.bus.stream(reply.metadata_queue)
         task.state = State.RUNNING
         task.last_heard = time.monotonic()
@@ -340,7 +349,10 @@ class TaskDriver:
         self.read(task)
         self.settle_forwarded()  # before its queue goes: what was read must be safe with the learner
         self._release(task)
-        self.stats.tasks_done += 1
+        if task.silenced:
+            self.stats.tasks_rerun += 1  # closed for its silence: its slot is filled again, elsewhere
+        else:
+            self.stats.tasks_done += 1
         self.on_completed(task, finish)
 
     # -- failures -------------------------------------------------------------------
@@ -362,10 +374,13 @@ class TaskDriver:
             task.misses = 0
             if task.state is State.RUNNING and now - task.last_heard > self.timeouts.silence_s:
                 logger.warning(
-                    "task %s silent for %.0f s; closing it and running it elsewhere",
+                    "task %s (%s) silent for %.0f s on %s; closing it and running it elsewhere",
                     task.task_id,
+                    self.plugins or "the job's plug-ins",
                     self.timeouts.silence_s,
+                    task.worker_id,
                 )
+                task.silenced = True
                 self.send_close(task)
                 task.done = True
 

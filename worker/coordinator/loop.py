@@ -1,11 +1,19 @@
 """The coordinator: keeps collect and eval tasks running on whatever workers exist.
 
-One thread that never blocks for long. Each turn it fills free task slots (by default
-one collect task per idle collector listening on the task queue, so scaling out needs
-no flag, plus an eval task every ``eval_interval_s``), lets the broker connection work
-for a moment, and moves every task on (:class:`~worker.coordinator.driver.TaskDriver`).
-Every few seconds it checks that the workers of running tasks are still there and
-writes a checkpoint. The run ends at the stop value, a budget, or a signal.
+One thread that never blocks for long. Each turn it fills free task slots
+(:class:`~worker.coordinator.schedule.Schedule`: by default one collect task per idle
+collector listening on the task queue, plus an eval task every ``eval_interval_s``), lets
+the broker connection work for a moment, and moves every task on
+(:class:`~worker.coordinator.driver.TaskDriver`). Every few seconds it checks that the
+workers of running tasks are still there and writes a checkpoint. The run ends at the
+stop value (an eval at it, confirmed: the stop rule, :mod:`~worker.coordinator.stop_rule`),
+a budget, or a signal, or when its plug-ins keep failing (the give-up rule,
+:mod:`~worker.coordinator.giveup`).
+
+This module is the loop and the run's bookkeeping: what each task's outcome means for
+the run, how it ends, its checkpoints and its shutdown. They are one piece: each reads
+and changes the run's state (its counters, its tasks, whether it succeeded, failed or is
+ending) on the loop's one thread, and apart they would only hand that state back and forth.
 """
 
 from __future__ import annotations
@@ -19,14 +27,23 @@ from typing import Any
 
 from messaging import BrokerConnectionError, MessagingError, Names
 from worker.config import CoordinatorConfig
+from worker.coordinator.best_policy import BestPolicy
 from worker.coordinator.bus import BrokerBus, CoordinatorBus
 from worker.coordinator.checkpoint import checkpoint_record, last_checkpoint, restore
 from worker.coordinator.driver import TaskDriver
+from worker.coordinator.eval_videos import EvalVideos
+from worker.coordinator.giveup import GiveUp, TaskFailures
+from worker.coordinator.policy_files import RunPolicy
 from worker.coordinator.progress import Progress, RunLog
-from worker.coordinator.roster import Requirement, Roster
+from worker.coordinator.roster import Roster, job_requirements
+from worker.coordinator.schedule import Schedule
 from worker.coordinator.stats import RunStats
+from worker.coordinator.stop_rule import StopRule
+from worker.coordinator.summary import run_summary
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.coordinator.telemetry import RunTelemetry
+from worker.job import job_plugins
+from worker.plugins.faults import TaskPlugins
 from worker.protocol import FinishInfo, Refusal
 from worker.storage.counters import counters_path, read_counters
 
@@ -49,9 +66,6 @@ NO_WORKER_NOTICE_S = 5.0
 #: Learner counters written this long before the coordinator started still count as this
 #: run's (the clocks of the learner's and the coordinator's machines may differ a little).
 COUNTERS_CLOCK_SLACK_S = 5.0
-#: Pause before the next start after a transient refusal, doubling up to the maximum.
-REFUSAL_BACKOFF_S = 0.2
-REFUSAL_BACKOFF_MAX_S = 5.0
 
 
 class Coordinator:
@@ -92,20 +106,21 @@ class Coordinator:
             buffer_id=coord.buffer_id,
             timeouts=Timeouts(coord.start_timeout_s, config.transport.rpc_timeout_s, coord.task_silence_s),
             on_running=lambda _task: self._checkpoint(soon=True),
-            on_completed=self._record,
+            on_completed=self._completed,
             on_dropped=self._dropped,
             on_refused=self._refused,
+            plugins=describe_plugins(job_plugins(self.job)),
         )
         self.roster = Roster(self.bus, job_requirements(self.job))
         self.reason = "running"
         self.success = False
         self.error: str | None = None
         """Why the run cannot go on (a refused job, a dead learner); set through :meth:`abort`."""
-        self._next_eval = time.monotonic() + coord.eval_interval_s
+        self.failure: dict[str, Any] | None = None
+        """The plug-in failure the run gave up on (:meth:`give_up`): what ``summary.json`` says of it."""
+        self.failures = TaskFailures(coord.max_consecutive_failures)
+        """Failed tasks in a row: when the run gives up on its plug-ins (:mod:`worker.coordinator.giveup`)."""
         self._next_check = time.monotonic() + LIVENESS_CHECK_S
-        self._idle_workers = 0
-        self._fill_after = 0.0
-        self._refusals = 0
         self._last_checkpoint = 0.0
         self._checkpoint_due = False
         self._nobody_since: float | None = None
@@ -116,6 +131,26 @@ class Coordinator:
         self._no_worker_since: float | None = time.monotonic()  # none seen yet
         self._counters_path = counters_path(config.path_policy, coord.policy_name)
         self._started_at = time.time()
+        self.policy = RunPolicy(config.path_policy, coord.policy_name)
+        """The policy file: the copy each eval reads, and the policy the run leaves."""
+        self.best = BestPolicy(self.policy)
+        """``<policy name>.best``: the policy of the best eval so far (:mod:`~worker.coordinator.best_policy`)."""
+        self.videos = EvalVideos(
+            coord.video_every_evals, self.policy, config.path_policy.parent / "videos", config.tensorboard_dir
+        )
+        """Every ``video_every_evals``-th eval's policy, filmed (:mod:`~worker.coordinator.eval_videos`)."""
+        self.stop_rule = StopRule(self.job, self.stats, self.policy, met=self._succeed, confirm=self._eval_now)
+        self.schedule = Schedule(
+            self.job,
+            bus=self.bus,
+            names=self.names,
+            driver=self.driver,
+            roster=self.roster,
+            stats=self.stats,
+            eval_spec=self.stop_rule.eval_spec,
+            launched=self._launched,
+        )
+        self._policy_left: int | None = None
 
     # -- the run --------------------------------------------------------------------
 
@@ -124,10 +159,11 @@ class Coordinator:
         coord = self.job.coordinator
         self.telemetry.serve(self.config.metrics_addr, self.config.metrics_port)
         self.bus.open(self.names.collector_tasks_decl(), self.names.learner_data_decl(coord.buffer_id))
-        self._idle_workers = self.bus.consumers(self.names.collector_tasks)
+        self.schedule.count_idle_workers()
         checkpoint = last_checkpoint(self.config.run_log, after_end=self.continue_ended)
         if checkpoint is not None:
             self._resume(checkpoint)
+        self.policy.release()  # an earlier run's kept policy file: this run's learner writes it
         logger.info(
             "coordinating %s: %s, stop value %s",
             self.job.env.id,
@@ -142,14 +178,20 @@ class Coordinator:
         return self.summary()
 
     def turn(self) -> None:
-        """One loop turn: fill slots, let the broker work, move every task on, check workers."""
+        """One loop turn: let the broker work, move every task on, fill slots, check workers.
+
+        Slots are filled right after the tasks moved on: a task whose stream said it is done
+        has freed its worker (see :mod:`~worker.coordinator.schedule`), and the next start
+        goes out in the same turn.
+        """
         try:
             self.roster.refresh()
-            self._fill()
             self.bus.wait(TURN_S)
             self.driver.advance_all()
+            if self.error is None and not self.success:
+                self.schedule.fill()
             if time.monotonic() >= self._next_check:
-                self._idle_workers = self.bus.consumers(self.names.collector_tasks)
+                self.schedule.count_idle_workers()
                 self._notice_missing_workers()
                 self._read_learner_counters()
                 self.driver.check_liveness()
@@ -183,7 +225,7 @@ class Coordinator:
         """
         working = any(t.worker_id is not None for t in self.driver.tasks.values())
         now = time.monotonic()
-        if self._idle_workers > 0 or working:
+        if self.schedule.idle_workers > 0 or working:
             if self.stats.no_workers:
                 logger.info("a collector is listening on %s now", self.names.collector_tasks)
             self._no_worker_since = None
@@ -201,11 +243,29 @@ class Coordinator:
                 self.names.prefix,
             )
 
+    def policy_left(self) -> int | None:
+        """The version in the policy file's header now (``None``: not visible from here); read again once the
+        learner stopped, it is the policy the run leaves."""
+        version = self.policy.version()
+        if version is not None:
+            self._policy_left = version
+        return self._policy_left
+
     def abort(self, reason: str) -> None:
         """End the run as failed (from any thread): the job cannot succeed, say why and stop."""
         if self.error is None:
             self.error = reason
         self.stop.set()
+
+    def give_up(self, reason: str, failure: Mapping[str, Any]) -> None:
+        """End the run because the job's plug-ins keep failing (from any thread): ``failure`` says which, as data.
+
+        ``warren run`` and ``warren coordinator`` then exit with code 4 (``ExitCode.PLUGIN_FAILING``).
+        """
+        if self.error is None:
+            logger.critical("%s", reason)
+            self.failure = dict(failure)
+        self.abort(reason)
 
     def _finished(self) -> bool:
         coord = self.job.coordinator
@@ -234,114 +294,35 @@ class Coordinator:
             self.abort(f"no worker listening can run this job: {nobody}")
 
     def summary(self) -> dict[str, Any]:
-        """The run's outcome and counters (printed, written to ``summary.json`` and the run log)."""
-        stats = self.stats
+        """The run's outcome and counters (printed, written to ``summary.json`` and the run log; see
+        :func:`~worker.coordinator.summary.run_summary`)."""
         self._read_learner_counters()
-        learner, ratio = stats.learner, stats.replay_ratio()
-        return {
-            "success": self.success,
-            "reason": self.reason,
-            "error": self.error,
-            "stop_value": self.job.env.stop_value,
-            "best_eval": stats.best_eval,
-            "last_eval": stats.last_eval,
-            "env_steps": stats.env_steps,
-            "samples": stats.samples,
-            "episodes": stats.episodes,
-            "wall_time_s": round(stats.elapsed(), 2),
-            "collection_s": round(stats.collection_s(), 2),
-            "tasks_done": stats.tasks_done,
-            "tasks_rerun": stats.tasks_rerun,
-            "evals": stats.evals,
-            "policy_iter": stats.policy_iter,
-            "replay_ratio": None if ratio is None else round(ratio, 4),
-            "replay_ratio_configured": self.job.bound.replay_ratio,
-            "learner_train_steps": None if learner is None else learner.train_steps,
-            "learner_samples": None if learner is None else learner.samples,
-            "workers_seen": sorted(stats.workers),
-        }
-
-    # -- scheduling -----------------------------------------------------------------
-
-    def _fill(self) -> None:
-        if time.monotonic() < self._fill_after:
-            return
-        collecting = sum(1 for t in self.driver.tasks.values() if t.kind is Kind.COLLECT)
-        slots = self._collect_slots(collecting)
-        run_ahead = self._run_ahead() if slots > 0 else 0
-        n_sample = self.job.collector.n_sample
-        held = False
-        for _ in range(slots):
-            if run_ahead + n_sample > self.job.coordinator.max_run_ahead_samples:
-                held = True  # the rate limit: the learner is behind
-                break
-            if not self._launch(Kind.COLLECT):
-                break
-            self._idle_workers = max(0, self._idle_workers - 1)  # claimed until the next count
-            run_ahead += n_sample
-            collecting += 1
-        self.stats.held_back = held
-        now = time.monotonic()
-        due = now >= self._next_eval and not any(t.kind is Kind.EVAL for t in self.driver.tasks.values())
-        if due and self._launch(Kind.EVAL):
-            self._next_eval = now + self.job.coordinator.eval_interval_s
-
-    def _launch(self, kind: Kind) -> bool:
-        """Start one task: on the shared queue, or, where some worker cannot run the job, on one that can.
-
-        Returns:
-            False when no worker that can run the job is free (nothing was sent).
-        """
-        worker = None
-        if self.roster.mixed:
-            taken = {t.worker_id or t.target_worker for t in self.driver.tasks.values()}
-            worker = self.roster.pick({w for w in taken if w is not None})
-            if worker is None:
-                return False
-        cfg = self.job.collect_spec(self.stats.env_steps) if kind is Kind.COLLECT else self.job.eval_spec()
-        task = self.driver.launch(kind, cfg, target=worker.control_queue if worker is not None else None)
-        task.target_worker = worker.worker_id if worker is not None else None
-        self.telemetry.task_launched(task)
-        return True
-
-    def _collect_slots(self, collecting: int) -> int:
-        """How many more collect tasks could run: up to the configured number, or (auto) one per worker.
-
-        In auto mode the idle workers are the consumers of the shared task queue (a busy
-        worker pauses its consumer), counted at every liveness check.
-        """
-        fixed = self.job.coordinator.collect_tasks
-        if fixed > 0:
-            return max(0, fixed - collecting)
-        if self.roster.mixed:
-            # Workers that cannot run the job consume the shared queue too: count the ones that can.
-            return max(0, len(self.roster.capable()) - len(self.driver.tasks) + self._evals_running())
-        starting = sum(1 for t in self.driver.tasks.values() if t.state is State.STARTING)
-        spare = max(0, self._idle_workers - starting)
-        return max(1, collecting + spare) - collecting
-
-    def _evals_running(self) -> int:
-        return sum(1 for t in self.driver.tasks.values() if t.kind is Kind.EVAL)
-
-    def _run_ahead(self) -> int:
-        """Samples collected or promised that the learner has not taken in: the rate limiter's measure.
-
-        The learner takes data only as fast as it trains at its replay ratio, so what waits
-        in its queue, plus what the running collect tasks will still deliver, is how far
-        collection runs ahead of training.
-        """
-        items = self.bus.depth(self.names.learner_data(self.job.coordinator.buffer_id))
-        per_item = self.stats.samples / self.stats.data_items if self.stats.data_items else 0.0
-        n_sample = self.job.collector.n_sample
-        promised = sum(max(0, n_sample - t.samples) for t in self.driver.tasks.values() if t.kind is Kind.COLLECT)
-        return round(items * per_item) + promised
+        summary = run_summary(
+            self.stats,
+            self.job,
+            success=self.success,
+            reason=self.reason,
+            error=self.error,
+            failure=self.failure,
+            confirmed=self.stop_rule.confirmed,
+            policy_left=self._policy_left,
+        )
+        summary["policy_best"] = self.best.version  # of <policy name>.best (None: none kept)
+        return summary
 
     # -- outcomes -------------------------------------------------------------------
+
+    def _launched(self, task: Task) -> None:
+        self.stop_rule.launched(task)
+        self.telemetry.task_launched(task)
+
+    def _eval_now(self) -> None:
+        self.schedule.eval_now()
 
     def _dropped(self, task: Task, rerun: bool) -> None:
         self.telemetry.task_dropped(task, rerun)
         if rerun and task.kind is Kind.EVAL:
-            self._next_eval = time.monotonic()  # the next fill starts a new one
+            self.schedule.eval_now()  # the next fill starts a new one
 
     def _refused(self, task: Task, refusal: Refusal | None, message: str, detail: Mapping[str, Any]) -> None:
         """A worker refused a start: the end of the run if no worker can ever accept it, else a pause."""
@@ -357,10 +338,22 @@ class Coordinator:
             return
         # Busy or broken workers: wait a little before the next start, longer each time,
         # instead of sending the same request again every loop turn.
-        self._refusals += 1
-        delay = min(REFUSAL_BACKOFF_MAX_S, REFUSAL_BACKOFF_S * 2 ** (self._refusals - 1))
-        self._fill_after = time.monotonic() + delay
+        delay = self.schedule.back_off()
         logger.warning("start of %s refused (%s); next start in %.1f s", task.task_id, refusal or message, delay)
+
+    def _completed(self, task: Task, finish: FinishInfo | None) -> None:
+        self._count_outcome(task, finish)
+        self._record(task, finish)
+
+    def _count_outcome(self, task: Task, finish: FinishInfo | None) -> None:
+        """Count a task's success or failure: pause the starts after a failure, give up after too many in a row."""
+        if self._ending:
+            return  # closed by the end of the run: says nothing about the plug-ins
+        counted = self.failures.count(task, finish)
+        if isinstance(counted, GiveUp):
+            self.give_up(counted.message(), counted.to_record())
+        elif counted is not None:
+            self.schedule.pause(counted)
 
     def _record(self, task: Task, finish: FinishInfo | None) -> None:
         self.telemetry.task_completed(task, finish)
@@ -376,29 +369,17 @@ class Coordinator:
         if task.kind is Kind.COLLECT:
             self.run_log.write("task", record)
             return
-        if finish is None or finish.error or not finish.real_episode_count:
-            why = (finish.error if finish is not None else None) or "no close reply"
-            if self._ending and not (finish is not None and finish.error):
-                # Closed by the run's end before its episodes were over: expected, not a fault.
-                logger.info("eval task %s was cut short by the end of the run (%s)", task.task_id, why)
-            else:
-                logger.warning("eval task %s produced no episodes (%s)", task.task_id, why)
-            return
-        self.stats.record_eval(finish.reward_mean)
-        self.stats.policy_iter = max(self.stats.policy_iter, finish.train_iter)
-        record["steps_per_s"] = round(self.stats.steps_per_s(), 1)
-        record["elapsed_s"] = round(self.stats.elapsed(), 2)
-        self.run_log.write("eval", record)
-        logger.info(
-            "eval %d: return %.1f at %d env steps (policy iter %d)",
-            self.stats.evals,
-            finish.reward_mean,
-            self.stats.env_steps,
-            finish.train_iter,
-        )
-        if finish.reward_mean >= self.job.env.stop_value:
-            self.success = True
-            self.reason = f"eval return {finish.reward_mean:.1f} >= {self.job.env.stop_value}"
+        if self.stop_rule.completed(task, finish, record, ending=self._ending):
+            if finish is not None and self.best.evaluated(task, finish, self.stats.env_steps):
+                record["best"] = True  # its policy is kept as <policy name>.best
+            if finish is not None and self.videos.evaluated(self.stats.evals, task, finish, self.stats.env_steps):
+                record["filmed"] = True
+            self.run_log.write("eval", record)
+
+    def _succeed(self, reason: str) -> None:
+        """The stop rule is met: the run ends as a success."""
+        self.success = True
+        self.reason = reason
 
     # -- checkpoint and resume ------------------------------------------------------
 
@@ -421,6 +402,7 @@ class Coordinator:
         self.driver.seq, tasks = restore(checkpoint, self.stats)
         for task in tasks:
             self.driver.adopt(task)
+        self.best.resumed()
         logger.info(
             "resumed the run at %d env steps, %d tasks done, re-attached to %d running tasks",
             self.stats.env_steps,
@@ -432,6 +414,10 @@ class Coordinator:
 
     def _shutdown(self) -> None:
         """Close running tasks (bounded), forward what they already sent, then leave."""
+        # First the policy the run leaves, so that the learner stops replacing it at once: after
+        # a success the one its eval passed, kept; otherwise whatever the learner wrote last.
+        confirmed = self.stop_rule.confirmed
+        self._policy_left = self.policy.finish(confirmed[0].policy_file if confirmed is not None else None)
         now = time.monotonic()
         deadline, starts_deadline = now + self.shutdown_s, now + min(START_CANCEL_S, self.shutdown_s)
         self._ending = True
@@ -459,6 +445,7 @@ class Coordinator:
                 self.driver.drop(task, rerun=False)
         # The counters as they end, for a run that is resumed later (warren run --resume).
         self._checkpoint()
+        self.videos.close()  # a video being made gets a bounded time to finish
         summary = self.summary()
         self.progress.finish(summary)
         self.run_log.write("summary", summary)
@@ -468,12 +455,7 @@ class Coordinator:
         self.bus.close()
 
 
-def job_requirements(job: Any) -> tuple[Requirement, ...]:
-    """The plug-ins every task of ``job`` names (a worker lacking one cannot run it)."""
-    needs = [
-        Requirement("algorithm", job.algorithm.name, job.algorithm.version),
-        Requirement("model", job.model.name, job.model.version),
-    ]
-    if job.env.plugin is not None:
-        needs.append(Requirement("env", job.env.plugin, job.env.plugin_version))
-    return tuple(needs)
+def describe_plugins(plugins: TaskPlugins) -> str:
+    """The job's plug-ins in words: env, algorithm, model, each with its version and package."""
+    refs = [plugins.env, plugins.algorithm, *([plugins.model] if plugins.model is not None else [])]
+    return ", ".join(ref.describe() for ref in refs)

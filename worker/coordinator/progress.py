@@ -48,8 +48,19 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"run {outcome} the stop value {summary['stop_value']} ({summary['reason']}): "
         f"{best_text}, {summary['env_steps']:,} env steps, "
         f"{summary['wall_time_s']:.0f} s, {summary['tasks_done']} tasks ({summary['tasks_rerun']} re-run), "
-        f"{len(summary['workers_seen'])} workers, policy iter {summary['policy_iter']:,}, " + _ratio_text(summary)
+        f"{len(summary['workers_seen'])} workers, {_policy_text(summary)}, " + _ratio_text(summary)
     )
+
+
+def _policy_text(summary: dict[str, Any]) -> str:
+    """Which policy the run evaluated at the stop value, and which one its policy file holds."""
+    evaluated, left, best = summary.get("policy_evaluated"), summary.get("policy_left"), summary.get("best_eval_policy")
+    left_text = "policy file not visible here" if left is None else f"policy left {left:,}"
+    if evaluated is not None:
+        kept = " (kept)" if left == evaluated else ""
+        return f"policy evaluated {evaluated:,}, {left_text}{kept}"
+    best_text = f" (the best eval's: {best:,})" if best is not None else ""
+    return f"{left_text}{best_text}"
 
 
 def _ratio_text(summary: dict[str, Any]) -> str:

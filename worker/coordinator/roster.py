@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from worker.coordinator.bus import CoordinatorBus
 from worker.errors import TaskError
@@ -126,3 +127,14 @@ class Roster:
         if self.lacking and not self.capable():
             return "; ".join(sorted(self.lacking.values()))
         return None
+
+
+def job_requirements(job: Any) -> tuple[Requirement, ...]:
+    """The plug-ins every task of ``job`` names (a worker lacking one cannot run it)."""
+    needs = [
+        Requirement("algorithm", job.algorithm.name, job.algorithm.version),
+        Requirement("model", job.model.name, job.model.version),
+    ]
+    if job.env.plugin is not None:
+        needs.append(Requirement("env", job.env.plugin, job.env.plugin_version))
+    return tuple(needs)

@@ -11,6 +11,8 @@ from worker.storage.counters import LearnerCounters
 #: The counters a checkpoint carries; everything else in :class:`RunStats` is derived or local.
 _SAVED = ("env_steps", "samples", "episodes", "data_items", "tasks_done", "tasks_rerun", "evals")
 _SAVED_OPTIONAL = ("best_eval", "last_eval")
+#: Saved when known, as integers.
+_SAVED_OPTIONAL_COUNTS = ("best_eval_policy",)
 
 
 @dataclass
@@ -27,6 +29,8 @@ class RunStats:
     evals: int = 0
     last_eval: float | None = None
     best_eval: float | None = None
+    best_eval_policy: int | None = None
+    """The policy version the best eval ran."""
     policy_iter: int = 0
     """Newest learner iteration seen (in data metadata and eval results)."""
     first_data_at: float | None = None
@@ -73,14 +77,17 @@ class RunStats:
         self.data_items += 1
         self.policy_iter = max(self.policy_iter, policy_iter)
 
-    def record_eval(self, reward: float) -> None:
+    def record_eval(self, reward: float, policy: int | None = None) -> None:
+        """An eval of policy version ``policy`` returned ``reward`` (its mean)."""
         self.evals += 1
         self.last_eval = reward
-        self.best_eval = reward if self.best_eval is None else max(self.best_eval, reward)
+        if self.best_eval is None or reward > self.best_eval:
+            self.best_eval, self.best_eval_policy = reward, policy
 
     def to_record(self) -> dict[str, Any]:
         """The counters as a JSON-ready map (:meth:`restore` reads it back)."""
-        record: dict[str, Any] = {name: getattr(self, name) for name in (*_SAVED, *_SAVED_OPTIONAL, "policy_iter")}
+        saved = (*_SAVED, *_SAVED_OPTIONAL, *_SAVED_OPTIONAL_COUNTS, "policy_iter")
+        record: dict[str, Any] = {name: getattr(self, name) for name in saved}
         record["elapsed_s"] = round(self.elapsed(), 3)
         return record
 
@@ -92,3 +99,6 @@ class RunStats:
         for name in _SAVED_OPTIONAL:
             value = record.get(name, getattr(self, name))
             setattr(self, name, None if value is None else float(value))
+        for name in _SAVED_OPTIONAL_COUNTS:
+            value = record.get(name, getattr(self, name))
+            setattr(self, name, None if value is None else int(value))

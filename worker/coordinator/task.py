@@ -70,6 +70,8 @@ class Task:
     episodes_counted: int = 0
     done: bool = False
     """The worker said ``collector_done``: close it."""
+    frees_worker: bool = False
+    """Its worker said (start reply) that it takes its next task once this one is done, before the close."""
     misses: int = 0
     resend_at: float = 0.0
     """While closing: when the close is sent again if no reply came."""
@@ -77,6 +79,13 @@ class Task:
     """Liveness checks in a row that found the worker's control queue gone."""
     cancelled: bool = False
     """The run is ending: close the task as soon as it has started."""
+    silenced: bool = False
+    """Closed for its silence (hung in plug-in code?): counted as a task run again, not as one done."""
+
+    @property
+    def holds_worker(self) -> bool:
+        """Whether a worker is (or will be) busy with it: not once it is done on a worker that frees itself then."""
+        return not (self.done and self.frees_worker)
 
     def count(self, cur_step: int, cur_episode: int) -> tuple[int, int]:
         """New env steps and episodes since the last counters seen (they only grow; redeliveries add nothing)."""

@@ -100,6 +100,8 @@ class RunTelemetry:
         if self._counts is not None:
             failed = finish is not None and finish.error is not None
             (self._counts.failed if failed else self._counts.finished)[task.kind].inc()
+            if task.silenced:  # closed for its silence: it runs again elsewhere (RunStats counts it so too)
+                self._counts.rerun[task.kind].inc()
             if launched is not None:  # not a task adopted from an earlier coordinator
                 self._counts.duration[task.kind].observe(self._clock() - launched)
         if self.board is None or finish is None or finish.error or not finish.real_episode_count:
@@ -174,7 +176,7 @@ class _TaskCounters:
         self.finished = by_kind("warren_tasks_finished_total", "Tasks completed without an error.")
         self.failed = by_kind("warren_tasks_failed_total", "Tasks completed with an error (env, policy...).")
         self.rerun = by_kind(
-            "warren_tasks_rerun_total", "Tasks given up to run again (their worker died, left or was busy)."
+            "warren_tasks_rerun_total", "Tasks given up to run again (their worker died, left or was busy, or it hung)."
         )
         duration = endpoint.histogram(
             "warren_task_duration_seconds",

@@ -9,6 +9,9 @@ Where an id registers a native vectorised implementation (``vector_entry_point``
 envs, about ten times cheaper per step. Other ids run in gymnasium's ``SyncVectorEnv``.
 Both autoreset in ``NEXT_STEP`` mode, as the contract wants.
 
+Importing this plug-in registers warren's own partially observed ids,
+``CartPoleNoVel-v1`` and ``PendulumNoVel-v1`` (:mod:`worker.envs.partial`).
+
 ALE ids (``ALE/Pong-v5``, registered by ``ale_py``) have one: ale-py's C++
 ``AtariVectorEnv``, which does the usual Atari preprocessing itself (84x84 grey, frame
 skip 4 with max-pooling, a stack of 4 frames as a ``(4, 84, 84)`` uint8 observation,
@@ -26,8 +29,11 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
+from worker.envs.partial import register_partial_envs
 from worker.plugins.contract import EnvContext, EnvPlugin
 from worker.protocol import Refusal
+
+register_partial_envs()
 
 
 class GymnasiumEnvs(EnvPlugin):
@@ -53,8 +59,13 @@ class GymnasiumEnvs(EnvPlugin):
         kwargs = dict(ctx.kwargs)
         if spec.vector_entry_point is not None and "num_threads" not in kwargs and _takes_threads(spec):
             kwargs["num_threads"] = ctx.threads
+        # A sync vector env copies its observations for the caller by default; VecEnvBatch
+        # copies each step's into an array of its own anyway, so the first copy is skipped.
+        vector_kwargs = {"copy": False} if mode == "sync" else {}
         try:
-            return gym.make_vec(ctx.env_id, num_envs=ctx.num_envs, vectorization_mode=mode, **kwargs)
+            return gym.make_vec(
+                ctx.env_id, num_envs=ctx.num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
+            )
         except (gym.error.Error, TypeError) as exc:
             raise Refusal.UNKNOWN_ENV.error(f"cannot create env {ctx.env_id!r}: {exc}") from exc
 
@@ -62,7 +73,10 @@ class GymnasiumEnvs(EnvPlugin):
 def check_registered(env_id: str) -> None:
     """Raises: TaskError: ``unknown env``, the id is not in gymnasium's registry."""
     if env_id not in gym.registry:
-        raise Refusal.UNKNOWN_ENV.error(f"unknown env id {env_id!r}: not in the gymnasium registry")
+        raise Refusal.UNKNOWN_ENV.error(
+            f"unknown env id {env_id!r}: not in the gymnasium registry "
+            "(a module that registers it is imported where WARREN_ENV_PACKAGES names it)"
+        )
 
 
 def _takes_threads(spec: gym.envs.registration.EnvSpec) -> bool:

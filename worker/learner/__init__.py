@@ -1,1 +1,1 @@
-"""The learner role: trains a DQN on the step data and publishes policies to the volume."""
+"""The learner role: step data in, the job's algorithm trained, policy files out to the shared volume."""

@@ -12,7 +12,8 @@ from typing import Any
 
 from worker.errors import TaskError
 from worker.plugins.contract import Algorithm, EnvContext, EnvPlugin, Model, config_from_dict
-from worker.plugins.registry import GYMNASIUM, PluginKind, PluginRegistry
+from worker.plugins.faults import PluginRef, TaskPlugins
+from worker.plugins.registry import GYMNASIUM, MissingPlugin, PluginKind, PluginRegistry
 from worker.plugins.spaces import Spaces, UnsupportedSpace, describe_space
 
 
@@ -63,7 +64,8 @@ def build_algorithm(
     settings = dict(model_config or {})
     if model_name == cls.default_model:
         settings = {**cls.default_model_config, **settings}
-    bound = Model(model_plugin.obj, config_from_dict(model_plugin.obj.Config, settings, "model"), model_name)
+    model_config = config_from_dict(model_plugin.obj.Config, settings, "model")
+    bound = Model(model_plugin.obj, model_config, model_name, ref=model_plugin.ref())
     try:
         bound.plugin.check_space(spaces.observation, bound.config)
     except UnsupportedSpace as exc:
@@ -74,3 +76,36 @@ def build_algorithm(
         return cls(algo_config, spaces, bound)
     except (TaskError, ValueError, TypeError) as exc:
         raise TaskError(f"algorithm {algorithm!r}: {getattr(exc, 'message', exc)}") from None
+
+
+def task_plugins(
+    registry: PluginRegistry,
+    *,
+    env: str | None,
+    env_version: str | None,
+    env_id: str,
+    algorithm: str,
+    algorithm_version: str | None,
+    model: str | None,
+    model_version: str | None,
+) -> TaskPlugins:
+    """The plug-ins a task or a job names, as this process has them (a name it lacks keeps what the task says)."""
+
+    def ref(kind: PluginKind, name: str, version: str | None, env_id: str | None = None) -> PluginRef:
+        try:
+            return registry.get(kind, name, version).ref(env_id)
+        except MissingPlugin:
+            return PluginRef(kind.value, name, version or "?", env_id=env_id)
+
+    algorithm_ref = ref(PluginKind.ALGORITHM, algorithm, algorithm_version)
+    model_name = model
+    if model_name is None:
+        try:
+            model_name = registry.get(PluginKind.ALGORITHM, algorithm).obj.default_model
+        except MissingPlugin:
+            model_name = None
+    return TaskPlugins(
+        env=ref(PluginKind.ENV, env or GYMNASIUM, env_version, env_id),
+        algorithm=algorithm_ref,
+        model=ref(PluginKind.MODEL, model_name, model_version) if model_name else None,
+    )

@@ -20,6 +20,10 @@ crosses a process boundary but plain data (msgpack maps), arrays (chunks) and te
 Every piece of actor state that is not a parameter (observation statistics, action
 scales) must be a tensor in :meth:`Learner.actor_weights`, so it travels with the weights;
 schedules travel in the task, from :meth:`Algorithm.collect_settings`.
+
+It is one piece, over 400 lines: it is the contract a plug-in's author reads, all of it
+and in one place (docs/plugins.md sums it up), and its parts name each other (an
+algorithm takes a model, makes an actor and a learner, which pass chunks).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import numpy.typing as npt
 
-from worker.errors import TaskError, short_repr
+from worker.errors import PluginFailed, TaskError, short_repr
+from worker.plugins.faults import PluginRef, exception_problem, fault_line
 from worker.plugins.spaces import Spaces, UnsupportedSpace
 
 if TYPE_CHECKING:
@@ -54,6 +59,7 @@ __all__ = [
     "ModelPlugin",
     "NoConfig",
     "Obs",
+    "Placement",
     "UnsupportedSpace",
     "config_from_dict",
     "config_to_dict",
@@ -202,14 +208,73 @@ class Model:
     plugin: ModelPlugin
     config: Any
     name: str = "mlp"
+    ref: PluginRef | None = field(default=None, compare=False)
+    """The plug-in's name, version and package, for the errors that blame it."""
 
     def encoder(self, observation_space: gym.Space[Any]) -> nn.Module:
-        """A fresh encoder; raises :class:`UnsupportedSpace` for a space the model cannot take."""
+        """A fresh encoder, tried once on two sampled observations.
+
+        The try makes a model that breaks the contract fail where it is built, naming it,
+        instead of failing later in an algorithm's head (torch's "mat1 and mat2 shapes
+        cannot be multiplied") or in the learner's first update (NaN).
+
+        Raises:
+            UnsupportedSpace: a space the model cannot take.
+            PluginFailed: ``make_encoder`` raised; the encoder has no integer ``out_dim``; or,
+                in eval mode and without gradients, its ``forward`` raised, or returned
+                something other than ``[2, out_dim]`` finite floats.
+        """
         self.plugin.check_space(observation_space, self.config)
-        module = self.plugin.make_encoder(observation_space, self.config)
+        ref = self.ref or PluginRef("model", self.name)
+        try:
+            module = self.plugin.make_encoder(observation_space, self.config)
+        except TaskError:
+            raise
+        except Exception as exc:
+            raise PluginFailed(fault_line(ref, "make_encoder", exception_problem(exc, ref))) from exc
         if not isinstance(getattr(module, "out_dim", None), int):
-            raise TypeError(f"model {self.name!r}: its encoder has no integer out_dim")
+            raise PluginFailed(fault_line(ref, "make_encoder", "its encoder has no integer out_dim"))
+        _try_encoder(module, observation_space, ref)
         return module
+
+
+#: Observations the encoder is tried on when it is built.
+_TRY_BATCH = 2
+
+
+def _try_encoder(module: nn.Module, observation_space: gym.Space[Any], ref: PluginRef) -> None:
+    import gymnasium as gym
+    import torch
+
+    batch = gym.vector.utils.batch_space(observation_space, _TRY_BATCH).sample()
+    if isinstance(batch, Mapping):
+        inputs: Any = {key: torch.as_tensor(np.asarray(value)) for key, value in batch.items()}
+    else:
+        inputs = torch.as_tensor(np.asarray(batch))
+    training = module.training
+    module.eval()  # no dropout draws, no running statistics updated
+    try:
+        with torch.no_grad():
+            out = module(inputs)
+    except Exception as exc:
+        raise PluginFailed(fault_line(ref, "forward", exception_problem(exc, ref))) from exc
+    finally:
+        module.train(training)
+    out_dim = int(module.out_dim)  # type: ignore[arg-type]  # an int: checked by the caller
+    if not isinstance(out, torch.Tensor):
+        raise PluginFailed(fault_line(ref, "forward", f"returned a {type(out).__name__}, not a tensor"))
+    if tuple(out.shape) != (_TRY_BATCH, out_dim):
+        raise PluginFailed(
+            fault_line(
+                ref,
+                "forward",
+                f"returned {list(out.shape)} for {_TRY_BATCH} observations; its out_dim says [{_TRY_BATCH}, {out_dim}]",
+            )
+        )
+    if not out.dtype.is_floating_point:
+        raise PluginFailed(fault_line(ref, "forward", f"returned {out.dtype}, not floats"))
+    if not bool(torch.isfinite(out).all()):
+        raise PluginFailed(fault_line(ref, "forward", "returned NaN or infinite values for sampled observations"))
 
 
 # -- what flows: chunks -----------------------------------------------------------------
@@ -263,6 +328,30 @@ class Chunk:
         if isinstance(self.obs, dict):
             return {key: value[start:stop] for key, value in self.obs.items()}
         return self.obs[start:stop]
+
+
+# -- where a learner runs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a learner's networks live and how they compute, as the learner process resolved it.
+
+    Given to :meth:`Algorithm.make_learner` of an algorithm whose :attr:`Algorithm.devices`
+    name more than the CPU (the built-ins do); others run on the CPU. Plain strings, so the
+    coordinator and collectors read it without torch.
+    """
+
+    device: str = "cpu"
+    """A torch device: ``cpu``, or ``cuda:N`` (``learner.device``, resolved)."""
+    autocast: str = "off"
+    """``bf16``: the forward and backward passes of the updates under bf16 autocast (CUDA only)."""
+    device_replay: bool = False
+    """Keep image replay (frame stacks) in the device's memory, where it gathers and restacks its batches."""
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
 
 
 # -- the two halves of an algorithm -----------------------------------------------------
@@ -349,11 +438,16 @@ class Algorithm(ABC):
     Config: ClassVar[type[Any]] = NoConfig
     """Frozen dataclass of the hyperparameters; unknown keys in a job are errors."""
     kind: ClassVar[Literal["on_policy", "off_policy", "none"]] = "off_policy"
-    """How it learns; ``none``: acts only (``random``), no learner."""
+    """How it learns; ``none``: acts without weights (``random``): its learner never updates, and the
+    learner process writes no policy file or checkpoint for it."""
     default_model: ClassVar[str] = "mlp"
     """The model plug-in used when the job names none."""
     default_model_config: ClassVar[Mapping[str, Any]] = {}
     """Settings of the default model that differ from the model's own defaults (a job's ``[model]`` keys win)."""
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    """Where its learner can run: ``("cpu",)``, or ``("cpu", "cuda")`` for one whose :meth:`make_learner`
+    takes ``placement`` (a :class:`Placement`). ``learner.device = "cuda"`` is refused for the others,
+    and ``auto`` runs them on the CPU."""
 
     def __init__(self, config: Any, spaces: Spaces, model: Model) -> None:
         self.config = config
@@ -400,4 +494,10 @@ class Algorithm(ABC):
 
     @abstractmethod
     def make_learner(self, seed: int) -> Learner:
-        """The learner side; ``seed`` seeds its initial weights and sampling."""
+        """The learner side; ``seed`` seeds its initial weights and sampling.
+
+        An algorithm whose :attr:`devices` include ``cuda`` is called with ``placement=`` too,
+        and its learner keeps its networks, optimizer state and batches there; its
+        :meth:`Learner.actor_weights` and :meth:`Learner.state_dict` are CPU tensors whatever
+        the device, and :meth:`Learner.load_state_dict` takes CPU tensors.
+        """

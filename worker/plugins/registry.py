@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from messaging import ConfigurationError
 from worker.errors import TaskError
 from worker.plugins.contract import Algorithm, EnvPlugin, ModelPlugin
+from worker.plugins.faults import PluginRef
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,12 @@ class LoadedPlugin:
 
     def describe(self) -> str:
         return f"{self.kind} plug-in {self.name!r} {self.version} (from {self.distribution})"
+
+    def ref(self, env_id: str | None = None) -> PluginRef:
+        """How a failure of this plug-in's code names it (``env_id``: the env an env plug-in made)."""
+        module = self.obj.__module__ if isinstance(self.obj, type) else type(self.obj).__module__
+        package = module.rpartition(".")[0] or module
+        return PluginRef(self.kind.value, self.name, self.version, self.distribution, env_id, package)
 
 
 @dataclass(frozen=True)
@@ -189,19 +197,33 @@ def _import(target: str) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-def import_env_packages(names: str) -> tuple[str, ...]:
-    """Import each installed module of ``names`` (comma-separated); returns the ones imported."""
+def import_env_packages(names: str, *, strict: bool = False) -> tuple[str, ...]:
+    """Import each installed module of ``names`` (comma-separated); returns the ones imported.
+
+    A module that is not installed is skipped (``ale_py``, the default, is optional). One
+    that is installed but fails to import is logged and skipped, so a collector keeps
+    serving the other envs; with ``strict`` (a process about to check a job against the
+    registrations) it is a :class:`ConfigurationError` naming the module instead.
+    """
     imported = []
     for name in (part.strip() for part in names.split(",")):
         if not name:
             continue
-        if importlib.util.find_spec(name) is None:
-            logger.debug("env package %s is not installed; skipped", name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # "pkg.mod" whose "pkg" is missing, or a name that is no module's
+            spec = None
+        if spec is None:
+            level = logging.WARNING if strict and name not in DEFAULT_ENV_PACKAGES.split(",") else logging.DEBUG
+            logger.log(level, "env package %s is not installed here (WARREN_ENV_PACKAGES): skipped", name)
             continue
         try:
             module = importlib.import_module(name)
         except Exception as exc:
-            logger.error("env package %s failed to import: %s: %s", name, type(exc).__name__, exc)
+            failure = f"env package {name} failed to import: {type(exc).__name__}: {exc} (from WARREN_ENV_PACKAGES)"
+            if strict:
+                raise ConfigurationError(failure) from exc
+            logger.error("%s", failure)
             continue
         _register_gymnasium_envs(module)
         imported.append(name)

@@ -2,20 +2,25 @@
 
 A learner builds its model from the spaces alone, never from an env it would have to
 make (the env may not even be installed where the learner runs), so the spaces travel:
-in the job, in every collect task, and as a digest in every policy file. The encoding is
-a msgpack-able map per space (``docs/protocol.md`` section 7)::
+in the job, in every collect task, in the start reply, and as a digest in every policy
+file. The encoding is a msgpack-able map per space (``docs/protocol.md`` section 7)::
 
-    {"kind": "Box", "shape": [84, 84, 4], "dtype": "uint8", "low": 0, "high": 255}
+    {"kind": "Box", "shape": [4, 84, 84], "dtype": "uint8", "low": 0, "high": 255}
     {"kind": "Discrete", "n": 2, "start": 0}
     {"kind": "MultiDiscrete", "nvec": [3, 4], "start": [0, 0]}
     {"kind": "MultiBinary", "shape": [5]}
     {"kind": "Dict", "spaces": {"image": {...}, "direction": {...}}}
 
-``low`` and ``high`` of a ``Box`` are one number where every element has the same bound
-(image spaces), else an array (codec extension). Infinite bounds are the strings
-``"inf"``/``"-inf"`` inside a list when they are not uniform (msgpack floats carry them
-too, but JSON does not). The digest is a hash of the canonical encoding: equal spaces,
-equal digests, whichever process computed them.
+Several writings of one space are accepted (a uint8 bound as ``255`` or ``255.0``, an
+infinity as ``"inf"`` or a msgpack float, a float32 bound as ``0.42`` or as the float32's
+exact value, ``start`` left out, a uniform bound as one number or as a list). Everything
+that arrives is decoded to a gymnasium space, and only its **canonical form**, what
+:func:`encode_space` writes, is digested: a Box bound is written in the space's own dtype
+(an integer for integer dtypes, a boolean for ``bool``, the exact float for float dtypes,
+``"inf"``/``"-inf"`` for infinities, ``0.0`` for a zero of either sign), one number when
+every element has the same bound, else a list in C order; ``start`` is always present.
+So every accepted writing of the same spaces has the same digest, and a third party that
+writes the canonical form and hashes it as the doc says reproduces it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from worker.errors import TaskError, short_repr
 
 #: Space kinds warren's chunks, replay buffers and built-in models know.
 LEAF_KINDS: Final = ("Box", "Discrete", "MultiDiscrete", "MultiBinary")
+#: gymnasium's other space kinds: a wire space of one of these is a space warren does not
+#: carry (``unsupported env``), not a malformed one (``bad collector_cfg``).
+OTHER_GYMNASIUM_KINDS: Final = frozenset({"Text", "Tuple", "Sequence", "Graph", "OneOf"})
 #: Most elements one observation or action may have (a 4 x 256 x 256 x 3 image is 786k).
 MAX_ELEMENTS: Final = 4 * 1024 * 1024
 #: Numeric dtypes a ``Box`` may have.
@@ -70,26 +78,32 @@ class Spaces:
 
     @property
     def digest(self) -> str:
-        """16 hex digits of SHA-256 over the canonical encoding (msgpack, sorted keys)."""
-        return spaces_digest(self.to_wire())
+        """16 hex digits of SHA-256 over the canonical form (:meth:`to_wire`) as msgpack, map keys sorted."""
+        return _digest_of_canonical(self.to_wire())
 
     def describe(self) -> str:
         return f"observations {describe_space(self.observation)}, actions {describe_space(self.action)}"
 
 
 def spaces_digest(wire: Mapping[str, Any]) -> str:
-    """The digest of encoded spaces (see :attr:`Spaces.digest`)."""
-    body = codec.encode(_canonical(wire))
+    """The digest of spaces in any accepted writing: that of their canonical form (see :attr:`Spaces.digest`).
+
+    Raises:
+        TaskError: the map is not two encoded spaces of kinds warren supports.
+    """
+    return Spaces.from_wire(wire).digest
+
+
+def _digest_of_canonical(canonical: Mapping[str, Any]) -> str:
+    body = codec.encode(_sorted_keys(canonical))
     return hashlib.sha256(body).hexdigest()[:16]
 
 
-def _canonical(value: Any) -> Any:
+def _sorted_keys(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {key: _canonical(value[key]) for key in sorted(value)}
-    if isinstance(value, np.ndarray):
-        return {"dtype": value.dtype.str, "shape": list(value.shape), "data": value.tobytes()}
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
     if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
+        return [_sorted_keys(v) for v in value]
     return value
 
 
@@ -171,16 +185,23 @@ def _bound(values: np.ndarray) -> Any:
 
 
 def _scalar(value: Any) -> Any:
+    # The bound in the space's own dtype: a Python int, bool or float (a float32 widened
+    # exactly to a double); infinities as text (JSON has none) and zero without a sign.
     number = value.item()
-    if isinstance(number, float) and math.isinf(number):
-        return "inf" if number > 0 else "-inf"
+    if isinstance(number, float):
+        if math.isinf(number):
+            return "inf" if number > 0 else "-inf"
+        if number == 0.0:
+            return 0.0
     return number
 
 
 def decode_space(wire: Any, where: str = "space") -> gym.Space[Any]:
-    """A gymnasium space from its wire map.
+    """A gymnasium space from its wire map, in any writing warren accepts (see the module docstring).
 
     Raises:
+        UnsupportedSpace: a space warren does not carry (a gymnasium kind such as ``Text``,
+            a nested ``Dict``, too many elements).
         TaskError: an unknown kind, a missing or malformed key (the message names it).
     """
     if not isinstance(wire, Mapping):
@@ -214,6 +235,10 @@ def decode_space(wire: Any, where: str = "space") -> gym.Space[Any]:
             return gym.spaces.MultiBinary(list(_shape(wire.get("shape"), f"{where}.shape")))
     except (TypeError, ValueError, OverflowError) as exc:
         raise TaskError(f"{where} is not a valid {kind} space: {exc}") from None
+    if isinstance(kind, str) and kind in OTHER_GYMNASIUM_KINDS:
+        raise UnsupportedSpace(
+            f"{where}.kind: {kind} spaces are not supported; supported: Dict, {', '.join(LEAF_KINDS)}"
+        )
     raise TaskError(f"{where}.kind must be one of {['Dict', *LEAF_KINDS]}, got {short_repr(kind)}")
 
 
@@ -237,24 +262,74 @@ def _ints(value: Any, where: str, low: int | None) -> list[int]:
 
 
 def _bound_array(value: Any, shape: tuple[int, ...], dtype: str, where: str) -> np.ndarray:
-    def number(v: Any) -> float:
-        if v in ("inf", "-inf"):
-            return float(v)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise TaskError(f"{where} must hold numbers, got {short_repr(v)}")
-        return float(v)
+    """A Box bound from its wire value(s), exactly in ``dtype``; see the module docstring.
 
-    if isinstance(value, list | tuple):
-        if len(value) != math.prod(shape):
-            raise TaskError(f"{where} has {len(value)} values for shape {list(shape)}")
-        flat = np.array([number(v) for v in value], dtype=np.float64)
-        array = flat.reshape(shape)
+    Integer dtypes take whole numbers in the dtype's range (``"inf"``/``"-inf"``: its largest
+    and smallest value), ``bool`` takes booleans or 0 and 1, float dtypes take any number,
+    rounded to the dtype's nearest value, that does not overflow it, and infinities. No NaN.
+    """
+    np_dtype = np.dtype(dtype)
+    values = value if isinstance(value, list | tuple) else [value]
+    if isinstance(value, list | tuple) and len(value) != math.prod(shape):
+        raise TaskError(f"{where} has {len(value)} values for shape {list(shape)}")
+    if np_dtype.kind == "f":
+        wide = np.array([_float_bound(v, where) for v in values], dtype=np.float64)
+        with np.errstate(over="ignore"):
+            array = wide.astype(np_dtype)  # each to the dtype's nearest value
+        overflow = np.isfinite(wide) & ~np.isfinite(array)
+        if overflow.any():
+            raise TaskError(f"{where}: {float(wide[overflow][0])!r} is out of the range of {dtype}")
+    elif np_dtype.kind == "b":
+        array = np.array([_bool_bound(v, where) for v in values], dtype=np_dtype)
     else:
-        array = np.full(shape, number(value), dtype=np.float64)
-    if np.dtype(dtype).kind in "iub":
-        info = np.iinfo(np.int64) if dtype == "bool" else np.iinfo(np.dtype(dtype))
-        array = np.clip(array, info.min, info.max)
-    return array.astype(np.dtype(dtype))
+        info = np.iinfo(np_dtype)
+        low, high = int(info.min), int(info.max)
+        array = np.array([_int_bound(v, low, high, dtype, where) for v in values], dtype=np_dtype)
+    return array.reshape(shape) if isinstance(value, list | tuple) else np.full(shape, array[0], dtype=np_dtype)
+
+
+def _infinity(v: Any) -> float | None:
+    """``+inf``/``-inf`` for an infinity written either way (text, or a msgpack float), else None."""
+    if v in ("inf", "-inf"):
+        return float(v)
+    if isinstance(v, float) and math.isinf(v):
+        return v
+    return None
+
+
+def _plain_number(v: Any, where: str) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TaskError(f'{where} must hold numbers (or "inf", "-inf"), got {short_repr(v)}')
+    if isinstance(v, float) and math.isnan(v):
+        raise TaskError(f"{where} must not be NaN")
+    return v
+
+
+def _float_bound(v: Any, where: str) -> float:
+    infinity = _infinity(v)
+    return infinity if infinity is not None else float(_plain_number(v, where))
+
+
+def _bool_bound(v: Any, where: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | float) and v in (0, 1):
+        return bool(v)
+    raise TaskError(f"{where} of a bool Box must hold booleans (or 0 and 1), got {short_repr(v)}")
+
+
+def _int_bound(v: Any, low: int, high: int, dtype: str, where: str) -> int:
+    infinity = _infinity(v)
+    if infinity is not None:
+        return high if infinity > 0 else low
+    number = _plain_number(v, where)
+    if isinstance(number, float):
+        if not number.is_integer():
+            raise TaskError(f"{where} of a {dtype} Box must hold whole numbers, got {short_repr(v)}")
+        number = int(number)
+    if not low <= number <= high:
+        raise TaskError(f"{where}: {short_repr(v)} is out of the range of {dtype} ({low}..{high})")
+    return number
 
 
 # -- sizes, for chunks and models ----------------------------------------------------

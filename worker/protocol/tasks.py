@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from worker.errors import TaskError, short_repr
+from worker.plugins.spaces import UnsupportedSpace
 from worker.protocol.checks import mapping
 from worker.protocol.collector_cfg import CollectorSpec
 
@@ -44,7 +45,8 @@ class Refusal(StrEnum):
     UNKNOWN_ENV = "unknown env"
     """The env id is not in the gymnasium registry, or the env cannot be created."""
     UNSUPPORTED_ENV = "unsupported env"
-    """The env's spaces are not ones warren carries, differ from the task's, or the algorithm cannot use them."""
+    """The env's spaces, or the task's ``spaces``, are not ones warren carries; the env's differ from
+    the task's; or the algorithm or model cannot use them. (Malformed ``spaces`` are ``bad collector_cfg``.)"""
     MISSING_PLUGIN = "missing plugin"
     """The worker lacks a plug-in the task names, or has it at another version. Permanent for
     this worker (``result`` names the plug-in and the worker); another worker may have it."""
@@ -130,12 +132,18 @@ class StartTask:
     task_id: str
     buffer_id: str
     cfg: CollectorSpec
+    free_when_done: bool = False
+    """The worker may take its next start task once this one is done (its final info published),
+    before the close comes: the caller reads the stream and closes each task by its id, so the
+    close need not stand between two tasks. Without it (DI-engine, a client polling with
+    ``collector_data_task``), the worker is busy until the close."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "name": TaskName.START.value,
-            "task_info": {"task_id": self.task_id, "buffer_id": self.buffer_id, "collector_cfg": self.cfg.to_wire()},
-        }
+        info: dict[str, Any] = {"task_id": self.task_id, "buffer_id": self.buffer_id}
+        info["collector_cfg"] = self.cfg.to_wire()
+        if self.free_when_done:
+            info["free_when_done"] = True
+        return {"name": TaskName.START.value, "task_info": info}
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> StartTask:
@@ -153,9 +161,16 @@ class StartTask:
             raise Refusal.MISSING_COLLECTOR_CFG.error("task_info.collector_cfg is missing")
         try:
             cfg = CollectorSpec.from_wire(info["collector_cfg"])
+        except UnsupportedSpace as exc:  # well-formed spaces of a kind warren does not carry
+            raise Refusal.UNSUPPORTED_ENV.error(exc.message) from None
         except TaskError as exc:
             raise Refusal.BAD_COLLECTOR_CFG.error(exc.message) from None
-        return cls(task_id, buffer_id, cfg)
+        free_when_done = info.get("free_when_done", False)
+        if not isinstance(free_when_done, bool):
+            raise Refusal.BAD_REQUEST.error(
+                f"task_info.free_when_done must be true or false, got {short_repr(free_when_done)}"
+            )
+        return cls(task_id, buffer_id, cfg, free_when_done)
 
 
 #: ``message`` of a successful start reply (DI-engine's wording).
@@ -170,15 +185,28 @@ class StartReply:
     task_id: str
     control_queue: str
     metadata_queue: str
+    spaces: Mapping[str, Any] | None = None
+    """The spaces of the worker's env in their canonical wire form (``Spaces.to_wire()``; equal to the
+    task's ``spaces`` where it named them): how a client that has not got the env learns them. Kept
+    as they came (``Spaces.from_wire`` decodes them): warren's coordinator has no use for them, and a
+    start must not fail over them. ``None``: a worker that does not say (DI-engine's)."""
+    free_when_done: bool = False
+    """The worker honours the start's ``free_when_done`` (older workers do not say, and stay
+    busy until the close)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "message": STARTED,
             "worker_id": self.worker_id,
             "task_id": self.task_id,
             "control_queue": self.control_queue,
             "metadata_queue": self.metadata_queue,
         }
+        if self.spaces is not None:
+            wire["spaces"] = dict(self.spaces)
+        if self.free_when_done:
+            wire["free_when_done"] = True
+        return wire
 
     @classmethod
     def from_wire(cls, result: Mapping[str, Any]) -> StartReply:
@@ -193,7 +221,9 @@ class StartReply:
             if not isinstance(value, str) or not value:
                 raise TaskError(f"start reply without a string {key}: {short_repr(dict(result))}")
             values[key] = value
-        return cls(**values)
+        spaces = result.get("spaces")
+        free = result.get("free_when_done") is True
+        return cls(**values, free_when_done=free, spaces=spaces if isinstance(spaces, Mapping) else None)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-from worker.errors import CorruptFile
+from worker.errors import CorruptChunk, CorruptFile
 from worker.plugins.contract import Chunk, Column, Obs
 from worker.plugins.spaces import Spaces, leaf_layout
 
@@ -153,6 +153,7 @@ class ChunkBuffer:
             for name, f in layout.fields.items()
         }
         self._stacks = {name: _FrameHeads(layout.fields[name], num_envs) for name in layout.frame_fields}
+        self._extras = layout.extras
         self.filled = 0
         """Rows written since the last :meth:`take`."""
         self.samples = 0
@@ -186,7 +187,7 @@ class ChunkBuffer:
         arrays["done"][t] = step.terminated
         arrays["truncated"][t] = step.truncated
         arrays["valid"][t] = step.valid
-        for name in self.layout.extras:
+        for name in self._extras:
             arrays[name][t] = extras[name]
         self.filled = t + 1
         self.samples += int(step.valid.sum())
@@ -274,9 +275,9 @@ def read_chunk(fields: Mapping[str, Any], layout: ChunkLayout, spaces: Spaces, p
         want = (steps + int(f.bootstrap_row), num_envs, *f.stored_shape)
         if not isinstance(array, np.ndarray) or array.shape != want or array.dtype != f.dtype:
             got = f"{array.shape} {array.dtype}" if isinstance(array, np.ndarray) else type(array).__name__
-            raise CorruptFile(f"sample chunk field {name!r} is {got}; the job's spaces make it {want} {f.dtype}")
+            raise CorruptChunk(f"sample chunk field {name!r} is {got}; the job's spaces make it {want} {f.dtype}", name)
         if array.dtype.kind == "f" and not np.isfinite(array[valid] if not f.bootstrap_row else array).all():
-            raise CorruptFile(f"sample chunk field {name!r} holds NaN or infinite values")
+            raise CorruptChunk(f"sample chunk field {name!r} holds NaN or infinite values", name)
     _check_actions(fields["action"][valid], spaces.action)
     stacks = {name: rebuild_stacks(fields, name, layout.fields[name]) for name in layout.frame_fields}
     leaf = {**fields, **stacks}
@@ -334,14 +335,16 @@ def _check_actions(actions: npt.NDArray[Any], space: gym.Space[Any]) -> None:
     if isinstance(space, gym.spaces.Discrete):
         low, high = int(space.start), int(space.start) + int(space.n) - 1
         if actions.min() < low or actions.max() > high:
-            raise CorruptFile(f"sample chunk actions must lie in [{low}, {high}], got {actions.min()}..{actions.max()}")
+            raise CorruptChunk(
+                f"sample chunk actions must lie in [{low}, {high}], got {actions.min()}..{actions.max()}", "action"
+            )
     elif isinstance(space, gym.spaces.MultiDiscrete):
         starts = space.start.reshape(1, -1)
         highest = starts + space.nvec.reshape(1, -1) - 1
         if (actions < starts).any() or (actions > highest).any():
-            raise CorruptFile("sample chunk actions lie outside the MultiDiscrete action space")
+            raise CorruptChunk("sample chunk actions lie outside the MultiDiscrete action space", "action")
     elif isinstance(space, gym.spaces.MultiBinary):
         if ((actions != 0) & (actions != 1)).any():
-            raise CorruptFile("sample chunk actions must be 0 or 1 (MultiBinary)")
+            raise CorruptChunk("sample chunk actions must be 0 or 1 (MultiBinary)", "action")
     elif isinstance(space, gym.spaces.Box) and space.dtype.kind == "f" and not np.isfinite(actions).all():
-        raise CorruptFile("sample chunk actions hold NaN or infinite values")
+        raise CorruptChunk("sample chunk actions hold NaN or infinite values", "action")

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from worker.errors import TaskError
 from worker.plugins.contract import EnvContext, EnvPlugin, Obs
-from worker.plugins.spaces import Spaces, UnsupportedSpace
+from worker.plugins.spaces import Spaces, UnsupportedSpace, leaf_layout
 from worker.protocol import Refusal
 
 BoolArray = npt.NDArray[np.bool_]
@@ -89,6 +89,13 @@ class VecEnvBatch:
             raise Refusal.UNSUPPORTED_ENV.error(f"env {ctx.env_id!r} made {envs.num_envs} envs, {ctx.num_envs} asked")
         self.env_id = ctx.env_id
         self.ctx = ctx
+        observation = self.spaces.observation
+        self._obs_layouts = (
+            {key: (sub, *leaf_layout(sub)) for key, sub in observation.spaces.items()}
+            if isinstance(observation, gym.spaces.Dict)
+            else None
+        )
+        self._obs_layout = None if self._obs_layouts is not None else leaf_layout(observation)
         action = self.spaces.action
         self._box_bounds = (action.low, action.high) if isinstance(action, gym.spaces.Box) else None
         self.backend = type(envs).__name__
@@ -112,6 +119,11 @@ class VecEnvBatch:
         return self.num_envs
 
     @property
+    def vector_env(self) -> gym.vector.VectorEnv[Any, Any, Any]:
+        """The plug-in's vector env itself, to render it or read its metadata; step it only through this batch."""
+        return self._envs
+
+    @property
     def obs(self) -> Obs:
         """Current observation of every env, ``[num_envs, ...]``: a fresh array per step, never written to."""
         return self._obs
@@ -129,9 +141,14 @@ class VecEnvBatch:
         """
         return int(self._seed_seq.spawn(1)[0].generate_state(1)[0])
 
-    def reset(self) -> Obs:
-        """Start a fresh episode in every env; only the first reset uses the seed."""
-        seed = None if self._seed is None or self._was_reset else self._seed
+    def reset(self, seed: int | None = None) -> Obs:
+        """Start a fresh episode in every env; only the first reset uses the seed, unless ``seed`` is given.
+
+        ``seed``: this reset's own (env ``i`` gets ``seed + i``), to play a given episode again
+        (``warren eval`` films an eval's episodes one at a time in a one-env batch).
+        """
+        if seed is None:
+            seed = None if self._seed is None or self._was_reset else self._seed
         obs, _ = self._envs.reset(seed=seed)
         self._obs = self._fresh(obs)
         self._returns[:] = 0.0
@@ -153,21 +170,26 @@ class VecEnvBatch:
         next_obs = self._fresh(next_obs)
         reward = np.asarray(reward, dtype=np.float32)
         valid = ~self._after_end
-        terminated = np.asarray(terminated, dtype=bool) & valid
-        truncated = np.asarray(truncated, dtype=bool) & valid
+        terminated = np.logical_and(terminated, valid)
+        truncated = np.logical_and(truncated, valid)
         ended = terminated | truncated
         self._returns += np.where(valid, reward, 0.0)
         returns = self._returns.copy()
-        self._returns[ended] = 0.0
+        if ended.any():
+            self._returns[ended] = 0.0
         self._after_end = ended
         self._obs = next_obs
         return VecStep(next_obs, reward, terminated, truncated, valid, ended, returns)
 
     def _fresh(self, obs: Any) -> Obs:
-        space = self.spaces.observation
-        if isinstance(space, gym.spaces.Dict):
-            return {key: _copy_as(obs[key], sub) for key, sub in space.spaces.items()}
-        return _copy_as(obs, space)
+        if self._obs_layouts is not None:
+            return {
+                key: _copy_as(obs[key], shape, dtype, self.num_envs, f"observation {key!r}")
+                for key, (_, shape, dtype) in self._obs_layouts.items()
+            }
+        assert self._obs_layout is not None
+        shape, dtype = self._obs_layout
+        return _copy_as(obs, shape, dtype, self.num_envs, "observation")
 
     def close(self) -> None:
         """Close the envs; safe to call more than once."""
@@ -176,10 +198,19 @@ class VecEnvBatch:
             self._envs.close()
 
 
-def _copy_as(values: Any, space: gym.Space[Any]) -> npt.NDArray[Any]:
-    if isinstance(space, gym.spaces.Box):
-        return np.array(values, dtype=space.dtype)
-    return np.array(values, dtype=np.int8 if isinstance(space, gym.spaces.MultiBinary) else np.int64)
+def _copy_as(values: Any, shape: tuple[int, ...], dtype: Any, num_envs: int, what: str) -> npt.NDArray[Any]:
+    """A batch of observations in the space's chunk dtype (``leaf_layout``), checked to have its shape.
+
+    Here, at the env's ``reset`` or ``step``, a plug-in's vector env that returns the wrong
+    shape fails the task naming the env, rather than the actor, the chunks or the learner
+    much later. (The dtype is converted, not checked.)
+    """
+    array = np.array(values, dtype=dtype)
+    if array.shape != (num_envs, *shape):
+        raise ValueError(
+            f"{what} of {num_envs} envs has shape {array.shape}, the observation space wants {(num_envs, *shape)}"
+        )
+    return array
 
 
 def worker_seed(seed: int, worker_id: str) -> int:
@@ -188,8 +219,10 @@ def worker_seed(seed: int, worker_id: str) -> int:
     Every collector gets the same seed in its tasks. Used as it is, two collectors would
     reset the same episodes and draw the same exploration noise, so with the same weights
     they would ship the same data twice: half of what the learner gets would teach it
-    nothing. Mixing in the worker id keeps a seeded run reproducible (same ids, same
-    data) while every collector steps episodes of its own.
+    nothing. Mixing in the worker id keeps each collector's streams seeded (same seed and
+    id, same episode starts and exploration draws) while every collector steps episodes of
+    its own. The data itself still depends on the policy version each step acts with,
+    which depends on timing: a run is not repeatable as a whole.
     """
     mixed = np.random.SeedSequence([seed, zlib.crc32(worker_id.encode())])
     return int(mixed.generate_state(1)[0] >> 1)  # 31 bits, within every env's seed range

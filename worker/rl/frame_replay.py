@@ -143,6 +143,21 @@ class FrameReplay:
         Raises:
             ValueError: the buffer is empty.
         """
+        out = self.sample_slots(batch_size, rng)
+        for name in ("obs", "next_obs"):
+            out[name] = self.frames[out.pop(f"{name}_slots")]
+        return out
+
+    def sample_slots(self, batch_size: int, rng: np.random.Generator) -> Columns:
+        """:meth:`sample`'s batch (the same draws) with its stacks as ``[B, K]`` positions in :attr:`frames`.
+
+        ``obs_slots`` and ``next_obs_slots`` in place of ``obs`` and ``next_obs``: a learner on a
+        GPU sends only the frames they name and restacks them there
+        (:class:`~worker.rl.device_frames.DeviceFrames`).
+
+        Raises:
+            ValueError: the buffer is empty.
+        """
         size = len(self.transitions)
         if size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
@@ -160,5 +175,5 @@ class FrameReplay:
             idx[dead] = np.resize(self.transitions.newest(min(int(dead.sum()), size)), int(dead.sum()))
         out = {name: np.take(column, idx, axis=0) for name, column in columns.items() if not name.endswith("seq")}
         for name in ("obs", "next_obs"):
-            out[name] = self.frames[np.take(columns[f"{name}_seq"], idx, axis=0) % self.frame_capacity]
+            out[f"{name}_slots"] = np.take(columns[f"{name}_seq"], idx, axis=0) % self.frame_capacity
         return out

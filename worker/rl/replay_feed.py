@@ -2,16 +2,24 @@
 
 Apart from :mod:`worker.rl.replay` so that the feed can pick the buffer a job's
 observations need: columns as they are (:class:`~worker.rl.replay.ReplayBuffer`), or frame
-stacks with each frame once (:class:`~worker.rl.frame_replay.FrameReplay`).
+stacks with each frame once (:class:`~worker.rl.frame_replay.FrameReplay`). On a GPU (the
+learner's :class:`~worker.plugins.contract.Placement`) it gives batches as tensors there,
+image batches restacked there (:class:`~worker.rl.device_frames.DeviceFrames`); on the CPU,
+numpy columns, and it imports no torch.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
-from worker.plugins.contract import Chunk, Learner
+from worker.plugins.contract import Chunk, Learner, Placement
 from worker.rl.frame_replay import FrameReplay
-from worker.rl.replay import Columns, ReplayBuffer, transitions
+from worker.rl.replay import ReplayBuffer, transitions
+
+if TYPE_CHECKING:
+    from worker.rl.device_frames import DeviceFrames
 
 __all__ = ["ReplayFeed", "ReplayLearner"]
 
@@ -40,6 +48,7 @@ class ReplayFeed:
         seed: int,
         *,
         frame_stack: bool = False,
+        placement: Placement | None = None,
     ) -> None:
         self.capacity = capacity
         self.learning_starts = learning_starts
@@ -52,14 +61,20 @@ class ReplayFeed:
         """Train steps owed to the transitions taken in."""
         self.taken = 0
         """Transitions taken in, all told (the buffer holds the newest ``capacity``)."""
+        self.placement = placement if placement is not None and not placement.on_cpu else None
+        """Where batches go: ``None`` on the CPU (numpy columns, as the numpy steps take them)."""
+        self.device_frames: DeviceFrames | None = None
 
     def add(self, chunk: Chunk) -> int:
         """Take a chunk's valid transitions in; returns how many."""
         if self.frame_stack:
             if self.buffer is None:
                 self.buffer = FrameReplay(self.capacity, chunk)
+                self.device_frames = self._device_frames(self.buffer)
             assert isinstance(self.buffer, FrameReplay)
             added = self.buffer.add(chunk)
+            if self.device_frames is not None:
+                self.device_frames.sync()
         else:
             columns = transitions(chunk)
             if self.buffer is None:
@@ -80,11 +95,30 @@ class ReplayFeed:
     def can_update(self) -> bool:
         return self._warm() and self.credit >= 1.0
 
-    def sample(self, batch_size: int) -> Columns:
-        """A uniform batch for one train step, paid for from the credit."""
+    def sample(self, batch_size: int) -> Any:
+        """A uniform batch for one train step, paid for from the credit.
+
+        Numpy columns on the CPU; on a GPU, the same columns as tensors there.
+        """
         assert self.buffer is not None
         self.credit -= 1.0
-        return self.buffer.sample(batch_size, self.rng)
+        if self.placement is None:
+            return self.buffer.sample(batch_size, self.rng)
+        if self.device_frames is not None:
+            assert isinstance(self.buffer, FrameReplay)
+            return self.device_frames.batch(self.buffer.sample_slots(batch_size, self.rng))
+        from worker.rl.placement import to_device, torch_device
+
+        return to_device(self.buffer.sample(batch_size, self.rng), torch_device(self.placement))
+
+    def _device_frames(self, replay: FrameReplay) -> DeviceFrames | None:
+        """The GPU side of image replay (``None`` on the CPU); resident where ``learner.device_replay`` asks."""
+        if self.placement is None:
+            return None
+        from worker.rl.device_frames import DeviceFrames
+        from worker.rl.placement import torch_device
+
+        return DeviceFrames(replay, torch_device(self.placement), resident=self.placement.device_replay)
 
 
 class ReplayLearner(Learner):

@@ -9,6 +9,10 @@ the algorithm plug-in's :class:`~worker.plugins.Actor`.
 Unlike DI-engine, samples travel as columnar chunks (:mod:`worker.rl.chunks`): ``T``
 steps of all ``N`` envs of the batch in one array per field, one chunk per step file
 and metadata message, instead of one message per env and trajectory.
+
+It is one piece, over 400 lines: the loop, its policy reads, its checks of what plug-in
+code returns and the shipping of chunks all run on the rollout's one thread and share its
+counters and its state; what could live apart already does (chunks, envs, the sink).
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from worker.errors import CollectorError, PolicyUnavailable, StorageError, TaskError, UnsafePath
+from worker.errors import CollectorError, PluginFailed, PolicyUnavailable, StorageError, TaskError, UnsafePath
 from worker.plugins.contract import Actor, Algorithm
+from worker.plugins.faults import PluginRef, TaskPlugins, blame, exception_problem, fault_line
 from worker.protocol import CollectorSpec, FinishInfo
 from worker.rl.chunks import ChunkBuffer, ChunkLayout
 from worker.rl.envs import VecEnvBatch, VecStep
-from worker.storage.policies import PolicySnapshot
+from worker.storage.policy_format import PolicySnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +71,8 @@ class PolicySource(Protocol):
 
 @contextlib.contextmanager
 def _failures_as(what: str) -> Iterator[None]:
-    # Env and policy code can raise anything; the worker must see a TaskError to reply
+    # What is not one plug-in's call (reading the policy, loading weights that may not fit
+    # the actor) can raise anything too; the worker must see a TaskError to reply
     # ``ok: false`` and keep serving. Our own TaskErrors already say what went wrong.
     try:
         yield
@@ -74,6 +80,16 @@ def _failures_as(what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise CollectorError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def plugins_of(spec: CollectorSpec) -> TaskPlugins:
+    """The task's plug-ins as the task names them (a collector that has them adds their packages)."""
+    policy = spec.policy
+    return TaskPlugins(
+        env=PluginRef("env", spec.env.plugin or "gymnasium", spec.env.plugin_version or "?", env_id=spec.env.id),
+        algorithm=PluginRef("algorithm", policy.type, policy.version or "?"),
+        model=PluginRef("model", policy.model, policy.model_version or "?") if policy.model else None,
+    )
 
 
 class Rollout:
@@ -92,6 +108,7 @@ class Rollout:
             partly filled chunk is shipped first.
         policy_wait_s: how long to wait for the first usable policy before giving up.
         clock: monotonic seconds; injectable for tests.
+        plugins: the task's plug-ins, which its failures name (by default as ``spec`` names them).
 
     Raises:
         ValueError: a learning algorithm without a policy source, or envs that do not fit the task.
@@ -108,6 +125,7 @@ class Rollout:
         stop: threading.Event,
         policy_wait_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        plugins: TaskPlugins | None = None,
     ) -> None:
         if algorithm.kind != "none" and policy_source is None:
             raise ValueError(f"a {spec.policy.type} rollout needs a policy source")
@@ -130,6 +148,11 @@ class Rollout:
         self._collector_done = False
         self._started_at: float | None = None
         self._ended_at: float | None = None
+        self._plugins = plugins or plugins_of(spec)
+        self._calling: tuple[PluginRef, str, float] | None = None
+        """The plug-in call running now, and since when (read from other threads: one tuple, replaced whole)."""
+        self._slowest_call_s = 0.0
+        """The longest plug-in call that returned: how long a call may take before it looks hung."""
 
     # -- public API ------------------------------------------------------------------
 
@@ -148,6 +171,18 @@ class Rollout:
             self._run()
         finally:
             self._ended_at = self._clock()
+
+    def in_call(self) -> tuple[str, float, float] | None:
+        """The plug-in call running now: its description, how long it has run, and the slowest call before it.
+
+        ``None`` between calls. Safe to call from any thread: a task that does not stop is
+        reported as stuck in this call (see :class:`~worker.collector.run.CollectorRun`).
+        """
+        calling = self._calling
+        if calling is None:
+            return None
+        plugin, call, since = calling
+        return f"{plugin.describe()}: {call}", self._clock() - since, self._slowest_call_s
 
     def finish_info(self) -> FinishInfo:
         """DI-engine's collector ``finish_info``: counters, timings and episode returns.
@@ -172,10 +207,31 @@ class Rollout:
 
     # -- setup -----------------------------------------------------------------------
 
+    def _plugin_call(self, plugin: PluginRef, call: str) -> _PluginCall:
+        """Run one call into plug-in code: remembered while it runs, its failure said naming the plug-in.
+
+        Plug-in code can raise anything; the worker must see a TaskError to reply
+        ``ok: false`` and keep serving, and the person reading it must see whose code failed
+        (:func:`~worker.plugins.faults.fault_line`). A failure while acting is the model's when
+        it came out of the model's ``forward``.
+        """
+        return _PluginCall(self, plugin, call)
+
+    def _call_ended(self, since: float) -> None:
+        self._calling = None
+        self._slowest_call_s = max(self._slowest_call_s, self._clock() - since)
+
+    def _call_failed(self, plugin: PluginRef, call: str, exc: Exception) -> PluginFailed:
+        self._calling = None
+        culprit, name = (plugin, call)
+        if plugin is self._plugins.algorithm:
+            culprit, name = blame(exc, plugin, self._plugins.model, call)
+        return PluginFailed(fault_line(culprit, name, exception_problem(exc, culprit)))
+
     def _run(self) -> None:
         spec = self._spec
         envs = self._envs
-        with _failures_as(f"building the {spec.policy.type} actor"):
+        with self._plugin_call(self._plugins.algorithm, "make_actor"):
             actor = self._algorithm.make_actor(envs.spawn_seed())
         if self._algorithm.kind != "none":
             snapshot = self._wait_first_policy(actor)
@@ -183,7 +239,7 @@ class Rollout:
                 return  # stopped while waiting
         # Eval tasks measure whole episodes, so they always start fresh ones.
         if envs.needs_reset or spec.eval_flag:
-            with _failures_as(f"resetting env {spec.env.id!r}"):
+            with self._plugin_call(self._plugins.env, "reset"):
                 envs.reset()
         self._loop(envs, actor)
 
@@ -268,9 +324,10 @@ class Rollout:
                     self._load(reloadable, snapshot)
                 next_reload = self._clock() + spec.update_policy_second
             obs = envs.obs
-            with _failures_as("the actor"):
+            with self._plugin_call(self._plugins.algorithm, "act"):
                 actions, extras = actor.act(obs, explore=explore, settings=settings)
-            with _failures_as(f"stepping env {spec.env.id!r}"):
+            self._check_finite(actions, extras)
+            with self._plugin_call(self._plugins.env, "step"):
                 step = envs.step(actions)
             self._count(step)
             if chunk is not None:
@@ -288,20 +345,43 @@ class Rollout:
             self._ship(chunk)
 
     def _layout(self) -> ChunkLayout:
-        with _failures_as(f"laying out the {self._spec.policy.type} chunks"):
+        with self._plugin_call(self._plugins.algorithm, "columns"):
             return ChunkLayout.of(self._algorithm.spaces, self._algorithm.columns())
+
+    def _check_finite(self, actions: Any, extras: Mapping[str, Any]) -> None:
+        """Refuse to act on NaN: the actor's float outputs (continuous actions, extra columns) must be finite.
+
+        Stepping envs with NaN actions, or shipping NaN log-probabilities to the learner
+        (which would skip every chunk), only hides the fault; the task fails instead, naming
+        the algorithm and its model.
+        """
+        for name, values in (("actions", actions), *((f"column {key!r}", value) for key, value in extras.items())):
+            array = np.asarray(values)
+            if array.dtype.kind == "f" and not bool(np.isfinite(array).all()):
+                model = self._plugins.model
+                with_model = f" (model {model.name!r} {model.version})" if model is not None else ""
+                raise PluginFailed(
+                    fault_line(self._plugins.algorithm, "act", f"returned NaN or infinite {name}{with_model}")
+                )
 
     def _count(self, step: VecStep) -> None:
         """Count one vector step; record the returns of the episodes it ended."""
         spec = self._spec
         self._step_count += int(step.valid.sum())
+        if not step.ended.any():
+            return
         for i in np.flatnonzero(step.ended):
             self._episodes_per_env[i] += 1
+            # Every episode end is followed by an info (docs/protocol.md section 5), even one
+            # that the task does not count.
+            self._episodes_unreported = True
             if spec.n_episode is not None and self._episodes_per_env[i] > spec.n_episode:
-                continue  # this env did its share; its later episodes are not part of the task
+                # This env did its share; it steps on with the others until every env has, and its
+                # transitions are in the chunks, but its later episodes are not part of the task's
+                # episodes and returns (the returns would lean towards short episodes).
+                continue
             self._episode_count += 1
             self._returns.append(float(step.episode_returns[i]))
-            self._episodes_unreported = True
 
     def _check_done(self, chunk: ChunkBuffer | None) -> bool:
         spec = self._spec
@@ -348,3 +428,30 @@ class Rollout:
 
     def _counters(self) -> dict[str, int]:
         return {"cur_episode": self._episode_count, "cur_sample": self._sample_count, "cur_step": self._step_count}
+
+
+class _PluginCall:
+    """The context of one plug-in call (see :meth:`Rollout._plugin_call`).
+
+    A class rather than a generator-based context manager: two of these run every vector
+    step, and a generator's set-up cost several times the class's there.
+    """
+
+    __slots__ = ("call", "plugin", "rollout", "since")
+
+    def __init__(self, rollout: Rollout, plugin: PluginRef, call: str) -> None:
+        self.rollout, self.plugin, self.call = rollout, plugin, call
+        self.since = 0.0
+
+    def __enter__(self) -> None:
+        rollout = self.rollout
+        self.since = rollout._clock()
+        rollout._calling = (self.plugin, self.call, self.since)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.rollout._call_ended(self.since)
+        elif isinstance(exc, TaskError) or not isinstance(exc, Exception):
+            self.rollout._calling = None
+        else:
+            raise self.rollout._call_failed(self.plugin, self.call, exc) from exc

@@ -15,7 +15,8 @@ from worker.storage.paths import (
     resolve_under,
     sweep_temp_files,
 )
-from worker.storage.policies import PolicySnapshot, PolicyStore
+from worker.storage.policies import PolicyStore
+from worker.storage.policy_format import PolicySnapshot
 from worker.storage.steps import STEP_KIND, SampleChunk, StepStore
 
 __all__ = [

@@ -5,33 +5,33 @@ second or so, so a write goes to a temp file first and only the rename onto the 
 name happens under a :class:`filelock.FileLock` on ``<name>.lock``; readers take the
 same lock while they read the bytes.
 
-The format is safetensors (``docs/protocol.md`` section 6): a JSON header naming each
-tensor's dtype, shape and offsets, then the raw bytes, and a ``__metadata__`` map of
-strings: ``warren.format``, ``policy_version`` and what the writer adds (the algorithm
-and model with their versions, the digest of the spaces). Reading one parses JSON and
-copies bytes; nothing in it can run code, unlike a pickle. A file holding NaN or
-infinite weights is refused as corrupt: a collector keeps the policy it has.
+The format is safetensors with a small header (:mod:`worker.storage.policy_format`, which
+also reads a file outside a run, without its lock). Reading one parses JSON and copies
+bytes; nothing in it can run code, unlike a pickle. A file holding NaN or infinite
+weights is refused as corrupt: a collector keeps the policy it has.
 
-torch is imported inside the functions that need it: it costs seconds to import and
-processes that only move step data never pay for it.
+A policy file can be *kept* (:meth:`PolicyStore.keep`): a marker ``<name>.kept`` next to
+it, made under the file's lock, after which every write of that name is refused with
+:class:`~worker.errors.PolicyKept` until :meth:`PolicyStore.release`. A run that ends at
+its stop value keeps the policy its evaluation passed, so the file the run leaves is the
+one it reported, not whatever the learner made while the run was shutting down.
 """
 
 from __future__ import annotations
 
 import json
-import struct
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-import numpy as np
 from filelock import FileLock, Timeout
 
-from worker.errors import CorruptFile, StorageError, UnsafePath
+from worker.errors import PolicyKept, StorageError, UnsafePath
 from worker.storage.paths import (
     FileStamp,
+    atomic_write,
     check_name,
     publish_temp,
     read_regular_file,
@@ -42,31 +42,37 @@ from worker.storage.paths import (
     unlink_if_present,
     write_temp,
 )
+from worker.storage.policy_format import (
+    DEFAULT_MAX_POLICY_BYTES,
+    POLICY_FORMAT,
+    PolicySnapshot,
+    header_version,
+    parse_policy,
+    policy_bytes,
+    read_policy_file,
+    read_policy_header,
+    with_metadata,
+)
+
+__all__ = [
+    "DEFAULT_MAX_POLICY_BYTES",
+    "KEPT_SUFFIX",
+    "LOCK_SUFFIX",
+    "POLICY_FORMAT",
+    "PolicySnapshot",
+    "PolicyStore",
+    "read_policy_file",
+    "read_policy_header",
+    "with_metadata",
+]
 
 if TYPE_CHECKING:
     import torch
 
-#: Default cap on one policy file, for writing and reading (1 GiB).
-DEFAULT_MAX_POLICY_BYTES: Final = 1024 * 1024 * 1024
 #: Suffix of the lock file next to each policy file; policy names may not end with it.
 LOCK_SUFFIX: Final = ".lock"
-#: Longest piece of a loader's error message quoted in a CorruptFile.
-_MAX_REASON_CHARS: Final = 200
-#: ``warren.format`` of the policy files this version writes and reads.
-POLICY_FORMAT: Final = "1"
-#: Longest safetensors header accepted (names, shapes and metadata of every tensor).
-_MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class PolicySnapshot:
-    """One policy as loaded: CPU tensors (or numpy arrays) keyed as ``Module.state_dict()``, its version, its header."""
-
-    state_dict: dict[str, Any]
-    iter: int
-    """The policy version (the learner's update count) that produced the weights."""
-    meta: dict[str, str] = field(default_factory=dict)
-    """The header's metadata: ``algorithm``, ``model``, ``spaces_digest``... (see :meth:`PolicyStore.write`)."""
+#: Suffix of the marker of a kept policy file (:meth:`PolicyStore.keep`); policy names may not end with it.
+KEPT_SUFFIX: Final = ".kept"
 
 
 class PolicyStore:
@@ -109,8 +115,8 @@ class PolicyStore:
         """Return the confined path of policy ``name``.
 
         Raises:
-            UnsafePath: ``name`` is not a plain file name, ends with ``.lock``, or
-                would leave the root.
+            UnsafePath: ``name`` is not a plain file name, ends with ``.lock`` or ``.kept``,
+                or would leave the root.
         """
         return self.check_name(self._root, name)
 
@@ -123,8 +129,9 @@ class PolicyStore:
         """
         resolved = resolve_under(root, name)
         check_name(name, what="policy name")
-        if name.endswith(LOCK_SUFFIX):
-            raise UnsafePath(f"invalid policy name {name!r}: the {LOCK_SUFFIX!r} suffix is reserved")
+        for reserved in (LOCK_SUFFIX, KEPT_SUFFIX):
+            if name.endswith(reserved):
+                raise UnsafePath(f"invalid policy name {name!r}: the {reserved!r} suffix is reserved")
         return resolved
 
     def write(
@@ -147,18 +154,106 @@ class PolicyStore:
         Raises:
             UnsafePath: ``name`` is not acceptable (see :meth:`path`).
             TypeError, ValueError: ``state_dict`` or ``iter`` have the wrong form.
+            PolicyKept: the file is kept (:meth:`keep`); it stays as it is.
             StorageError: the file is too large, writing failed, or the lock timed out.
         """
         path = self.path(name)
-        body = self._serialize(name, state_dict, iter, meta or {})
-        tmp = write_temp(path, body, fsync=self._fsync)
+        self._publish(path, self._serialize(name, state_dict, iter, meta or {}))
+        return path
+
+    def copy(self, name: str, to: str, *, meta: Mapping[str, str] | None = None) -> int | None:
+        """Publish the bytes of policy ``name`` as policy ``to``; returns the version copied (``None``: no ``name``).
+
+        The header is checked (a warren policy with a version), the tensors are not
+        loaded: a process that only moves policy files never imports torch. ``meta``:
+        strings added to the copy's header metadata (the tensors' bytes stay as they are);
+        ``warren.format`` and ``policy_version`` cannot be changed this way.
+
+        Raises:
+            UnsafePath: a name is not acceptable (see :meth:`path`).
+            CorruptFile: ``name`` is not a warren policy file.
+            PolicyKept: ``to`` is kept (:meth:`keep`).
+            StorageError: reading or writing failed, or a lock timed out.
+        """
+        source, target = self.path(name), self.path(to)
+        found = self._read_bytes(source)
+        if found is None:
+            return None
+        version = header_version(source, found[0])
+        body = found[0] if not meta else with_metadata(f"policy file {str(source)!r}", found[0], meta)
+        self._publish(target, body)
+        return version
+
+    def version(self, name: str) -> int | None:
+        """The policy version in the header of policy ``name`` (its tensors are not loaded); ``None``: no file.
+
+        Raises:
+            UnsafePath, CorruptFile, StorageError: as for :meth:`read`.
+        """
+        path = self.path(name)
+        found = self._read_bytes(path)
+        return None if found is None else header_version(path, found[0])
+
+    def keep(self, name: str, source: str | None = None) -> int | None:
+        """Hold policy ``name`` as it is from now on, after copying policy ``source`` onto it (when given).
+
+        Until :meth:`release`, every :meth:`write` or :meth:`copy` to ``name`` is refused
+        with :class:`~worker.errors.PolicyKept`. The copy and the marker are made under
+        the file's lock, the one a writer publishes under: a write either landed before
+        (and the copy replaces it) or is refused.
+
+        Returns:
+            The version of the file kept; ``None`` when there is neither ``source`` nor
+            ``name`` (nothing is kept then).
+
+        Raises:
+            UnsafePath, CorruptFile, StorageError: as for :meth:`copy`.
+        """
+        path = self.path(name)
+        found = self._read_bytes(self.path(source)) if source is not None else None
+        if found is None and stat_stamp(path) is None:
+            return None  # nothing to keep: no lock file left behind either
+        if found is not None:
+            header_version(self.path(source or name), found[0])
+        tmp = write_temp(path, found[0], fsync=self._fsync) if found is not None else None
         try:
             with self._locked(path):
-                publish_temp(tmp, path, fsync=self._fsync)
-        except BaseException:
-            remove_quietly(tmp)
-            raise
-        return path
+                if tmp is not None:
+                    publish_temp(tmp, path, fsync=self._fsync)
+                    tmp = None
+                elif stat_stamp(path) is None:
+                    return None
+                marker = json.dumps({"kept_at": time.time()}).encode()
+                atomic_write(self._kept_marker(path), marker, fsync=self._fsync)
+        finally:
+            if tmp is not None:
+                remove_quietly(tmp)
+        return self.version(name)
+
+    def is_kept(self, name: str) -> bool:
+        """Whether policy ``name`` is kept (:meth:`keep`) and so refuses writes.
+
+        Raises:
+            UnsafePath: ``name`` is not acceptable (see :meth:`path`).
+        """
+        return stat_stamp(self._kept_marker(self.path(name))) is not None
+
+    def release(self, name: str) -> bool:
+        """Let policy ``name`` be written again (a new run, or a resumed one, starts).
+
+        Returns:
+            True if it was kept.
+
+        Raises:
+            UnsafePath: ``name`` is not acceptable (see :meth:`path`).
+            StorageError: the lock timed out or the marker could not be removed.
+        """
+        path = self.path(name)
+        marker = self._kept_marker(path)
+        if stat_stamp(marker) is None:
+            return False  # no lock file left behind for a policy never kept
+        with self._locked(path):
+            return unlink_if_present(marker, what="kept policy marker")
 
     def read(self, name: str, *, numpy: bool = False) -> PolicySnapshot | None:
         """Load policy ``name``, or return None if it has not been written yet.
@@ -227,14 +322,28 @@ class PolicyStore:
         """
         return sweep_temp_files(self._root, older_than_s=older_than_s)
 
+    def _publish(self, path: Path, body: bytes) -> None:
+        """Swap ``body`` in as ``path`` under its lock, unless the file is kept."""
+        tmp = write_temp(path, body, fsync=self._fsync)
+        try:
+            with self._locked(path):
+                if stat_stamp(self._kept_marker(path)) is not None:
+                    raise PolicyKept(
+                        f"policy {path.name!r} is kept as its run left it ({path.name}{KEPT_SUFFIX}): not replaced"
+                    )
+                publish_temp(tmp, path, fsync=self._fsync)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+
+    @staticmethod
+    def _kept_marker(path: Path) -> Path:
+        return path.with_name(path.name + KEPT_SUFFIX)
+
     def _serialize(
         self, name: str, state_dict: Mapping[str, torch.Tensor], iter: int, meta: Mapping[str, str]
     ) -> bytes:
-        from safetensors.torch import save
-
-        header = {str(k): str(v) for k, v in meta.items()}
-        header.update({"warren.format": POLICY_FORMAT, "policy_version": str(_check_iter(iter))})
-        body: bytes = save(_cpu_copy(state_dict), metadata=header)
+        body = policy_bytes(state_dict, iter, meta)
         if len(body) > self._max_file_bytes:
             raise StorageError(f"policy {name!r} is {len(body)} bytes, over the limit of {self._max_file_bytes}")
         return body
@@ -242,14 +351,17 @@ class PolicyStore:
     def _load(self, path: Path, numpy: bool) -> tuple[PolicySnapshot, FileStamp] | None:
         # Only the read of the bytes happens under the lock; decoding them does not
         # need it and would keep the learner waiting.
-        if stat_stamp(path) is None:
-            return None  # do not leave lock files behind for policies that never existed
-        with self._locked(path):
-            found = read_regular_file(path, max_bytes=self._max_file_bytes)
+        found = self._read_bytes(path)
         if found is None:
             return None
         body, stamp = found
-        return _parse_policy(path, body, numpy), stamp
+        return parse_policy(path, body, numpy), stamp
+
+    def _read_bytes(self, path: Path) -> tuple[bytes, FileStamp] | None:
+        if stat_stamp(path) is None:
+            return None  # do not leave lock files behind for policies that never existed
+        with self._locked(path):
+            return read_regular_file(path, max_bytes=self._max_file_bytes)
 
     @contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
@@ -268,85 +380,3 @@ class PolicyStore:
             yield
         finally:
             lock.release()
-
-
-def _cpu_copy(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    import torch
-
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
-    copy: dict[str, torch.Tensor] = {}
-    for key, value in state_dict.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise TypeError(f"state_dict must map str -> Tensor, got {key!r} -> {type(value).__name__}")
-        copy[key] = value.detach().to("cpu", copy=True).contiguous()
-    return copy
-
-
-def _check_iter(iter: int) -> int:
-    if type(iter) is not int:
-        raise TypeError(f"iter must be an int, got {type(iter).__name__}")
-    if iter < 0:
-        raise ValueError(f"iter must be >= 0, got {iter}")
-    return iter
-
-
-def _parse_policy(path: Path, body: bytes, numpy: bool) -> PolicySnapshot:
-    from safetensors import SafetensorError
-
-    where = f"policy file {str(path)!r}"
-    meta = _header_metadata(where, body)
-    if meta.get("warren.format") != POLICY_FORMAT:
-        raise CorruptFile(
-            f"{where} is not a warren policy (warren.format {meta.get('warren.format')!r}, this warren reads "
-            f"{POLICY_FORMAT!r}): written by another version, or not by a warren learner"
-        )
-    version = meta.get("policy_version", "")
-    if not version.isdigit() or int(version) >= 2**63:
-        raise CorruptFile(f"{where} has policy_version {version!r}, not an integer in 0..2**63-1")
-    try:
-        tensors = _load_numpy(body) if numpy else _load_torch(body)
-    except SafetensorError as exc:
-        raise CorruptFile(f"{where} is not a valid safetensors file ({str(exc)[:_MAX_REASON_CHARS]})") from None
-    except (KeyError, TypeError, ValueError) as exc:  # safetensors' numpy loader on a dtype numpy lacks (bf16, f8)
-        kind = "numpy" if numpy else "torch"
-        raise CorruptFile(f"{where} holds tensors {kind} cannot read ({str(exc)[:_MAX_REASON_CHARS]})") from None
-    for key, tensor in tensors.items():
-        if not _finite(tensor):
-            raise CorruptFile(f"{where}: tensor {key!r} holds NaN or infinite values")
-    return PolicySnapshot(state_dict=dict(tensors), iter=int(version), meta=meta)
-
-
-def _load_torch(body: bytes) -> dict[str, Any]:
-    from safetensors.torch import load as load_tensors
-
-    return load_tensors(body)
-
-
-def _load_numpy(body: bytes) -> dict[str, Any]:
-    from safetensors.numpy import load as load_arrays
-
-    return load_arrays(body)
-
-
-def _finite(tensor: Any) -> bool:
-    if isinstance(tensor, np.ndarray):
-        return tensor.dtype.kind != "f" or bool(np.isfinite(tensor).all())
-    return not tensor.is_floating_point() or bool(tensor.isfinite().all())
-
-
-def _header_metadata(where: str, body: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file: 8 bytes of little-endian header length, then JSON."""
-    if len(body) < 8:
-        raise CorruptFile(f"{where} is {len(body)} bytes: too short for a safetensors file")
-    (size,) = struct.unpack("<Q", body[:8])
-    if size > min(_MAX_HEADER_BYTES, len(body) - 8):
-        raise CorruptFile(f"{where} is not a safetensors file (header length {size} for {len(body)} bytes)")
-    try:
-        header = json.loads(body[8 : 8 + size])
-    except (UnicodeDecodeError, ValueError):
-        raise CorruptFile(f"{where} is not a safetensors file (its header is not JSON)") from None
-    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-        raise CorruptFile(f"{where}: its safetensors metadata is not a map of strings")
-    return meta

@@ -5,7 +5,9 @@ its backlog looked at) and :meth:`LearnerTelemetry.record` with whatever dict of
 and statistics its algorithm's update returned: nothing here knows DQN. Every call is
 cheap enough for every train step (a few plain additions, on the learner's thread):
 Prometheus reads the counters when it scrapes, and TensorBoard gets the means of each
-interval of :data:`BOARD_INTERVAL_S`, at the learner's iteration (its x axis).
+interval of :data:`BOARD_INTERVAL_S`, at the learner's iteration (its x axis). Each
+interval also gives the learner's busy share (seconds in updates over the interval's), and
+on a GPU the device's utilisation and memory (:class:`~worker.telemetry.device.DeviceMonitor`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from worker.config import LearnerConfig
+    from worker.telemetry.device import DeviceMonitor
     from worker.telemetry.metrics import MetricsEndpoint
 
 #: Seconds between two TensorBoard points of the learner (and two updates of its mean statistics).
@@ -69,6 +72,12 @@ class LearnerTelemetry:
         """The learner's newest iteration: the x of TensorBoard points."""
         self.statistics: dict[str, float] = {}
         """Each statistic's mean over the last interval (what Prometheus shows)."""
+        self.busy = 0.0
+        """Share of the last interval's wall time spent in updates (the rest, the learner waited or read)."""
+        self.device: DeviceMonitor | None = None
+        """The learner's GPU, sampled once an interval (``None``: on the CPU)."""
+        self.device_figures: dict[str, float] = {}
+        """The GPU's newest sample (:meth:`DeviceMonitor.sample`)."""
         self._means = Means()
         self._lags = Means()
         self._next_board = clock() + BOARD_INTERVAL_S
@@ -179,6 +188,10 @@ class LearnerTelemetry:
             self.policy_lag = lag
         then, steps_then, seconds_then, samples_then = self._last_point
         self._last_point = (now, self.train_steps, self.train_seconds, self.samples)
+        if now > then:
+            self.busy = min(1.0, (self.train_seconds - seconds_then) / (now - then))
+        if self.device is not None:
+            self.device_figures = self.device.sample()
         if self.board is None:
             return
         values = {f"learner/{name}": value for name, value in means.items()}
@@ -194,6 +207,8 @@ class LearnerTelemetry:
         if self.samples:
             values["learner/replay_ratio"] = self.train_steps / self.samples
         values["learner/samples_waiting"] = self.samples_waiting
+        values["learner/busy"] = self.busy
+        values.update({f"learner/device_{name}": value for name, value in self.device_figures.items()})
         self.board.add(values, self.step)
 
 
@@ -246,6 +261,28 @@ class _LearnerCollector:
             "Samples in the data messages waiting in the learner's queue (messages x mean samples per message).",
             t.samples_waiting,
         )
+        yield gauge(
+            "warren_learner_busy_ratio",
+            "Share of the learner's wall time spent in updates over the last interval (about a second).",
+            t.busy,
+        )
+        figures = t.device_figures
+        if "utilization" in figures:
+            yield gauge(
+                "warren_learner_device_utilization_ratio",
+                "Share of the last sample period the learner's GPU was running a kernel (NVML).",
+                figures["utilization"],
+            )
+        memory = {k.removeprefix("memory_"): v for k, v in figures.items() if k.startswith("memory_")}
+        if memory:
+            family = GaugeMetricFamily(
+                "warren_learner_device_memory_bytes",
+                "The learner's GPU memory: allocated and reserved by torch, used and total on the device.",
+                labels=[*labels, "kind"],
+            )
+            for kind, value in sorted(memory.items()):
+                family.add_metric([*values, kind], value)
+            yield family
         yield gauge("warren_policy_version", "Learner iteration of the newest policy written.", t.policy_version)
         yield counter("warren_learner_policies_written", "Policy files written for the collectors.", t.policies_written)
         yield gauge(

@@ -12,7 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from worker.plugins import EnvContext, EnvPlugin
+from warren.plugins import EnvContext, EnvPlugin
 
 
 class CueEnv(gym.Env[dict[str, Any], int]):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
-from worker.plugins import ModelPlugin, UnsupportedSpace
+from warren.plugins import ModelPlugin, UnsupportedSpace
 
 if TYPE_CHECKING:
     from torch import nn

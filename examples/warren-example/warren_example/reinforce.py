@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from worker.plugins import Actor, Algorithm, Chunk, Column, Learner, Spaces, UnsupportedSpace
+from warren.plugins import Actor, Algorithm, Chunk, Column, Learner, Spaces, UnsupportedSpace
 
 
 @dataclass(frozen=True)

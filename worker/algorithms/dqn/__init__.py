@@ -3,7 +3,9 @@
 This module is what the registry loads, and it stays light (no torch): the coordinator
 builds the algorithm to validate a job and to read its exploration schedule. The torch
 actor (:mod:`.actor`) and the learner (:mod:`.learner`) import torch when they are made;
-the numpy actor (:mod:`.numpy_actor`, ReLU MLP jobs) never does.
+the numpy actor (:mod:`.numpy_actor`, ReLU MLP jobs) never does. The learner's train step
+is :mod:`.torch_step` or its numpy twin :mod:`.numpy_step`, both from the losses of
+:mod:`.losses`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from typing import Any
 import gymnasium as gym
 
 from worker.algorithms.dqn.config import DQNConfig, epsilon_at
-from worker.algorithms.two_actors import TwoActors
+from worker.algorithms.numpy_twin.actors import TwoActors
+from worker.algorithms.numpy_twin.layout import Shapes, mlp_layout
 from worker.errors import TaskError
-from worker.models.mlp_layout import Shapes, mlp_layout
-from worker.plugins.contract import Actor, Learner, Model, UnsupportedSpace
+from worker.plugins.contract import Actor, Learner, Model, Placement, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space, leaf_layout
 from worker.protocol.checks import check_float
 from worker.rl.chunks import is_frame_stack
@@ -32,6 +34,7 @@ class DQN(TwoActors):
 
     Config = DQNConfig
     kind = "off_policy"
+    devices = ("cpu", "cuda")
     config: DQNConfig
 
     def __init__(self, config: DQNConfig, spaces: Spaces, model: Model) -> None:
@@ -103,10 +106,10 @@ class DQN(TwoActors):
         n_actions = int(self.spaces.action.n)  # type: ignore[attr-defined]
         return {**mlp.shapes("encoder."), "head.weight": (n_actions, mlp.out_dim), "head.bias": (n_actions,)}
 
-    def make_learner(self, seed: int) -> Learner:
+    def make_learner(self, seed: int, placement: Placement | None = None) -> Learner:
         from worker.algorithms.dqn.learner import DQNLearner
 
-        return DQNLearner(self, seed)
+        return DQNLearner(self, seed, placement)
 
     def q_network(self, seed: int | None = None) -> Any:
         """A fresh :class:`~worker.algorithms.dqn.network.QNetwork` (seeded weights if ``seed``)."""

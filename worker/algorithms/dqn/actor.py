@@ -6,24 +6,32 @@ ReLU MLP jobs get the numpy actor instead (:mod:`.numpy_actor`), which is tested
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from worker.algorithms.dqn.network import QNetwork
-from worker.algorithms.dqn.numpy_actor import EpsilonGreedy
+from worker.algorithms.dqn.numpy_actor import epsilon_greedy
 from worker.algorithms.weights import check_fits
-from worker.plugins.contract import Obs
+from worker.plugins.contract import Actor, Obs
 
 
-class TorchQActor(EpsilonGreedy):
+class TorchQActor(Actor):
     """Epsilon-greedy over any Q-network, in torch (the reference)."""
 
     def __init__(self, net: QNetwork, seed: int | None) -> None:
-        super().__init__(int(net.head.out_features), seed)
+        self.rng = np.random.default_rng(seed)
         self.net = net
         self.net.eval()
+
+    def act(
+        self, obs: Obs, *, explore: bool, settings: Mapping[str, float]
+    ) -> tuple[npt.NDArray[Any], dict[str, npt.NDArray[Any]]]:
+        """Greedy actions, each replaced by a uniformly random one with probability ``settings["eps"]``."""
+        eps = float(settings.get("eps", 0.0)) if explore else 0.0
+        return epsilon_greedy(self.q_values(obs), eps, self.rng), {}
 
     def q_values(self, obs: Obs) -> npt.NDArray[np.float32]:
         with torch.no_grad():

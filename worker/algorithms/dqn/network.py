@@ -1,15 +1,15 @@
-"""The Q-network: the model's encoder, then one linear head with a Q-value per action."""
+"""The Q-network (the model's encoder, then one linear head with a Q-value per action), and the learner's networks."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from worker.models.mlp_encoder import MLPEncoder
-from worker.plugins.contract import Model
+from worker.plugins.contract import Model, Placement
 from worker.plugins.spaces import Spaces
 
 
@@ -42,29 +42,33 @@ class QNetwork(nn.Module):
         out: torch.Tensor = self.head(self.encoder(obs))
         return out
 
-    @property
-    def relu_mlp(self) -> bool:
-        """Linear layers with ReLU between them, on flat float observations: what numpy can run."""
-        enc = self.encoder
-        return isinstance(enc, MLPEncoder) and enc.activation == "relu" and enc.flat_float_input
-
     def linear_layers(self) -> list[nn.Linear]:
-        """Every linear layer in order (for the numpy fast paths; :attr:`relu_mlp` networks only)."""
+        """Every linear layer in order."""
         return [m for m in self.modules() if isinstance(m, nn.Linear)]
 
 
-def split_state(tensors: Mapping[str, torch.Tensor], names: list[str]) -> tuple[dict[str, torch.Tensor], ...]:
-    """A checkpoint's online weights, target weights, Adam moments and step, checked against ``names``.
+@dataclass
+class DQNNets:
+    """The learner's torch side: the online Q-network, its target, and the online net's Adam.
 
-    Checkpoint layout (both train steps): ``online.<name>``, ``target.<name>``,
-    ``adam.exp_avg.<name>``, ``adam.exp_avg_sq.<name>`` and ``adam.step`` (a scalar).
-
-    Raises:
-        ValueError: a tensor is missing or extra.
+    Both train steps work on these (:mod:`worker.algorithms.numpy_twin.step`): the torch
+    step directly, the numpy step on a twin it writes back before they are read.
     """
-    parts = ("online", "target", "adam.exp_avg", "adam.exp_avg_sq")
-    want = {f"{p}.{n}" for p in parts for n in names} | {"adam.step"}
-    if set(tensors) != want:
-        missing, extra = sorted(want - set(tensors))[:3], sorted(set(tensors) - want)[:3]
-        raise ValueError(f"the checkpoint does not fit this network: missing {missing}, unexpected {extra}")
-    return (*({n: tensors[f"{p}.{n}"] for n in names} for p in parts), {"step": tensors["adam.step"]})
+
+    online: QNetwork
+    target: QNetwork
+    optimizer: torch.optim.Adam
+    placement: Placement = field(default_factory=Placement)
+    """Where the networks and Adam's state live (the CPU unless the learner runs on a GPU)."""
+
+    @classmethod
+    def build(cls, model: Model, spaces: Spaces, seed: int, lr: float, placement: Placement | None = None) -> DQNNets:
+        """Seeded networks, the target a copy of the online net; Adam with torch's defaults.
+
+        The weights are drawn on the CPU and then moved, so a seed gives the same ones on any device.
+        """
+        placement = placement or Placement()
+        online = QNetwork.build(model, spaces, seed).to(placement.device)
+        target = copy.deepcopy(online).requires_grad_(False)
+        # fused: one kernel for all parameters; the train step is dispatch-bound, not FLOP-bound.
+        return cls(online, target, torch.optim.Adam(online.parameters(), lr=lr, fused=True), placement)

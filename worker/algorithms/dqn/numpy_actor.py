@@ -1,11 +1,12 @@
-"""DQN's epsilon-greedy acting, and the actor for ReLU MLP Q-networks in numpy (collectors without torch).
+"""DQN's epsilon-greedy acting, and its Q-network in numpy: the actor of ReLU MLP jobs (collectors without torch).
 
 A collector step costs one forward pass for all envs. On a small MLP torch's per-call
 dispatch dominates that pass (the numpy one costs about a third), and importing torch
 costs a collector ~2.5 s of CPU at start. :class:`NumpyQActor` is built from the network's
 layout (names and shapes, from :meth:`DQN.numpy_layout`) and takes policy files as numpy
 arrays; :class:`~worker.algorithms.dqn.actor.TorchQActor` runs any other model and is the
-reference it is tested against.
+reference it is tested against. The learner's numpy step (:mod:`.numpy_step`) runs the
+same :class:`NumpyQNetwork`.
 """
 
 from __future__ import annotations
@@ -16,41 +17,46 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from worker.algorithms.weights import check_fits
-from worker.models.mlp_layout import Shapes
-from worker.plugins.contract import Actor, Obs
+from worker.algorithms.numpy_twin.actors import NumpyActor
+from worker.algorithms.numpy_twin.layers import F32
+from worker.algorithms.numpy_twin.layout import Shapes
+from worker.algorithms.numpy_twin.params import FlatParams
+from worker.plugins.contract import Obs
 
-__all__ = ["EpsilonGreedy", "NumpyQActor"]
-
-F32 = npt.NDArray[np.float32]
-
-
-class EpsilonGreedy(Actor):
-    """Greedy over :meth:`q_values`, each action replaced by a uniformly random one with probability ``eps``."""
-
-    def __init__(self, n_actions: int, seed: int | None) -> None:
-        self.n_actions = n_actions
-        self._rng = np.random.default_rng(seed)
-
-    def q_values(self, obs: Obs) -> F32:
-        raise NotImplementedError
-
-    def act(
-        self, obs: Obs, *, explore: bool, settings: Mapping[str, float]
-    ) -> tuple[npt.NDArray[Any], dict[str, npt.NDArray[Any]]]:
-        """Greedy actions, each replaced by a uniformly random one with probability ``settings["eps"]``."""
-        actions: npt.NDArray[np.int64] = self.q_values(obs).argmax(axis=1).astype(np.int64)
-        eps = float(settings.get("eps", 0.0)) if explore else 0.0
-        if eps > 0.0:
-            # One draw per env decides both: u < eps explores, and u / eps is then uniform
-            # in [0, 1), which picks the random action.
-            u = self._rng.random(len(actions))
-            chosen = u < eps
-            actions[chosen] = (u[chosen] / eps * self.n_actions).astype(np.int64)
-        return actions, {}
+__all__ = ["NumpyQActor", "NumpyQNetwork", "epsilon_greedy"]
 
 
-class NumpyQActor(EpsilonGreedy):
+def epsilon_greedy(q_values: F32, eps: float, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """Greedy actions over ``q_values`` ``[B, n]``, each replaced by a uniformly random one with probability ``eps``."""
+    actions: npt.NDArray[np.int64] = q_values.argmax(axis=1).astype(np.int64)
+    if eps > 0.0:
+        # One draw per env decides both: u < eps explores, and u / eps is then uniform
+        # in [0, 1), which picks the random action.
+        u = rng.random(len(actions))
+        chosen = u < eps
+        actions[chosen] = (u[chosen] / eps * q_values.shape[1]).astype(np.int64)
+    return actions
+
+
+class NumpyQNetwork:
+    """A ReLU MLP Q-network's parameters (:class:`FlatParams`, zero until loaded) and its forward pass.
+
+    Args:
+        shapes: the network's tensors by name, linear layers in order (weight, then bias).
+    """
+
+    def __init__(self, shapes: Shapes) -> None:
+        self.flat = FlatParams(shapes)
+        layers = [name.removesuffix(".weight") for name in shapes if name.endswith(".weight")]
+        self.layers = self.flat.dense(layers, "relu", activate_last=False)
+        self.n_actions = int(shapes[f"{layers[-1]}.weight"][0])
+
+    def forward(self, obs: F32) -> F32:
+        """Q-values ``[B, n_actions]`` of flat float32 observations (the layers' array: see :meth:`Dense.forward`)."""
+        return self.layers.forward(obs)
+
+
+class NumpyQActor(NumpyActor):
     """Epsilon-greedy over a ReLU MLP Q-network held as numpy arrays (zero until weights are loaded).
 
     Args:
@@ -58,42 +64,24 @@ class NumpyQActor(EpsilonGreedy):
         seed: the exploration draws' seed.
     """
 
+    network = "the Q-network"
+
     def __init__(self, shapes: Shapes, seed: int | None) -> None:
-        self.shapes = shapes
-        names = list(shapes)
-        self._names = list(zip(names[::2], names[1::2], strict=True))
-        super().__init__(int(shapes[self._names[-1][1]][0]), seed)
-        self._layers = [
-            (np.zeros(shapes[w][::-1], dtype=np.float32), np.zeros(shapes[b], dtype=np.float32)) for w, b in self._names
-        ]
-        self._zero_cache: dict[tuple[int, ...], F32] = {}
+        super().__init__(shapes, seed)
+        self.net = NumpyQNetwork(shapes)
 
     def q_values(self, obs: Obs) -> F32:
         assert isinstance(obs, np.ndarray)
         h = obs.reshape(len(obs), -1)
-        if h.dtype != np.float32:
-            h = h.astype(np.float32)
-        last = len(self._layers) - 1
-        for i, (weight_t, bias) in enumerate(self._layers):
-            h = h @ weight_t + bias
-            if i < last:
-                # Against an array of zeros, not the scalar 0.0: numpy's scalar path is ~5x slower here.
-                np.maximum(h, self._zeros(h.shape), out=h)
-        return h
+        return self.net.forward(h if h.dtype == np.float32 else h.astype(np.float32))
 
-    def _zeros(self, shape: tuple[int, ...]) -> F32:
-        zeros = self._zero_cache.get(shape)
-        if zeros is None:
-            zeros = self._zero_cache[shape] = np.zeros(shape, dtype=np.float32)
-        return zeros
+    def act(
+        self, obs: Obs, *, explore: bool, settings: Mapping[str, float]
+    ) -> tuple[npt.NDArray[Any], dict[str, npt.NDArray[Any]]]:
+        """Greedy actions, each replaced by a uniformly random one with probability ``settings["eps"]``."""
+        eps = float(settings.get("eps", 0.0)) if explore else 0.0
+        return epsilon_greedy(self.q_values(obs), eps, self.rng), {}
 
-    def load_weights(self, weights: Mapping[str, Any]) -> None:
-        """Take a policy's arrays (numpy, or torch tensors), strictly: all of them fit, or none is taken."""
-        check_fits(self.shapes, weights, "the weights", "the Q-network")
-        self._layers = [
-            (
-                np.ascontiguousarray(np.asarray(weights[w], dtype=np.float32).T),
-                np.asarray(weights[b], dtype=np.float32).copy(),
-            )
-            for w, b in self._names
-        ]
+    def take(self, weights: Mapping[str, Any]) -> None:
+        self.net.flat.load(weights)
+        self.net.layers.cache_transposed()

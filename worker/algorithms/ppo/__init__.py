@@ -3,6 +3,8 @@
 Light on purpose (no torch): the coordinator builds the algorithm to check a job. The
 network, torch actor and learner (:mod:`.network`, :mod:`.actor`, :mod:`.learner`) import
 torch when they are made; the numpy actor of MLP jobs (:mod:`.numpy_actor`) never does.
+The learner's minibatch step is :mod:`.torch_step` or its numpy twin :mod:`.numpy_step`,
+both from the losses of :mod:`.losses`.
 
 On-policy in a distributed system means stale data: collectors keep acting while the
 learner updates. Every chunk carries the policy version that made it; the learner drops
@@ -18,10 +20,10 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
+from worker.algorithms.numpy_twin.actors import TwoActors
 from worker.algorithms.ppo.config import PPOConfig
-from worker.algorithms.ppo.numpy_net import PPOLayout
-from worker.algorithms.two_actors import TwoActors
-from worker.plugins.contract import Actor, Column, Learner, UnsupportedSpace
+from worker.algorithms.ppo.numpy_actor import PPOLayout
+from worker.plugins.contract import Actor, Column, Learner, Placement, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space
 
 __all__ = ["PPO", "PPOConfig"]
@@ -32,6 +34,7 @@ class PPO(TwoActors):
 
     Config = PPOConfig
     kind = "on_policy"
+    devices = ("cpu", "cuda")
     default_model_config: ClassVar[Mapping[str, Any]] = {"hidden_sizes": [64, 64], "activation": "tanh"}
     config: PPOConfig
 
@@ -61,13 +64,13 @@ class PPO(TwoActors):
         return PPOActor(self.network(), seed)
 
     def numpy_layout(self) -> PPOLayout | None:
-        """The network's :class:`~worker.algorithms.ppo.numpy_net.PPOLayout` where numpy runs it, else ``None``."""
+        """The network's :class:`~worker.algorithms.ppo.numpy_actor.PPOLayout` where numpy runs it, else ``None``."""
         return PPOLayout.of_algorithm(self)
 
-    def make_learner(self, seed: int) -> Learner:
+    def make_learner(self, seed: int, placement: Placement | None = None) -> Learner:
         from worker.algorithms.ppo.learner import PPOLearner
 
-        return PPOLearner(self, seed)
+        return PPOLearner(self, seed, placement)
 
     def network(self, seed: int | None = None) -> Any:
         """A fresh actor-critic (seeded weights if ``seed``)."""

@@ -11,6 +11,11 @@ turns them into a torch distribution whose ``log_prob`` and ``entropy`` are per 
   are ``exp(log_std)``, a parameter of their own (state-independent, as in PPO's paper).
   Sampled actions are not squashed: the env batch clips them into the box when it steps,
   and the chunk keeps what was sampled, so log-probabilities stay exact.
+
+The actors sample through these. The learner's minibatch step computes the
+log-probabilities and entropies of ``Discrete`` and ``Box`` actions in closed form
+(:func:`worker.algorithms.ppo.losses.log_prob_entropy`, held to these by its tests): on a
+small network a distribution object costs more than its arithmetic.
 """
 
 from __future__ import annotations

@@ -4,12 +4,14 @@ Separate bodies for the policy and the value function, as Stable-Baselines3's ML
 policies have by default: a shared body trades the two losses off against each other.
 ``shared_body`` gives one, as Atari PPO usually has: a CNN body is most of the cost.
 Observation normalisation keeps its running mean and variance in buffers, so they are in
-the actor's weights and every collector normalises as the learner does.
+the actor's weights and every collector normalises as the learner does. :class:`PPONets`
+is the learner's torch side: the network and its Adam.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -18,13 +20,13 @@ import torch
 from torch import nn
 
 from worker.algorithms.ppo.distributions import Policy, dist_params
-from worker.algorithms.ppo.numpy_net import OBS_CLIP
-from worker.plugins.contract import Obs
+from worker.algorithms.ppo.numpy_actor import OBS_CLIP
+from worker.plugins.contract import Obs, Placement
 
 if TYPE_CHECKING:
     from worker.algorithms.ppo import PPO
 
-__all__ = ["OBS_CLIP", "ActorCritic", "RunningNorm"]
+__all__ = ["OBS_CLIP", "ActorCritic", "PPONets", "RunningNorm"]
 
 
 class RunningNorm(nn.Module):
@@ -113,13 +115,40 @@ class ActorCritic(nn.Module):
         out: torch.Tensor = self.vf_head(body(x)).squeeze(-1)
         return out
 
-    def policy_and_value(self, x: Any) -> tuple[Policy, torch.Tensor]:
-        """Both at once; a shared body runs once."""
-        if self.vf_body is not None:
-            return self.policy(x), self.value(x)
+    def forward(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy head's output (logits, or a Gaussian's means) and the values; a shared body runs once."""
         features = self.pi_body(x)
-        policy = Policy(self.action_space, self.pi_head(features), self.log_std)
-        return policy, self.vf_head(features).squeeze(-1)
+        head = self.pi_head(features)
+        values = self.vf_head(features if self.vf_body is None else self.vf_body(x)).squeeze(-1)
+        return head, values
+
+    def policy_and_value(self, x: Any) -> tuple[Policy, torch.Tensor]:
+        """Both at once, the policy as a distribution (the actor's sampling); a shared body runs once."""
+        head, values = self(x)
+        return Policy(self.action_space, head, self.log_std), values
+
+
+@dataclass
+class PPONets:
+    """The learner's torch side: the actor-critic and its Adam.
+
+    Both minibatch steps work on these (:mod:`worker.algorithms.numpy_twin.step`): the
+    torch step directly, the numpy step on a twin it writes back before they are read.
+    """
+
+    actor_critic: ActorCritic
+    optimizer: torch.optim.Adam
+    placement: Placement = field(default_factory=Placement)
+    """Where the network and Adam's state live (the CPU unless the learner runs on a GPU)."""
+
+    @classmethod
+    def build(cls, algorithm: PPO, seed: int, placement: Placement | None = None) -> PPONets:
+        """The seeded network (drawn on the CPU, then moved: a seed gives the same weights on any device), Adam."""
+        placement = placement or Placement()
+        net = ActorCritic.build(algorithm, seed).to(placement.device)
+        # fused: one kernel for all parameters; on small networks the step is dispatch-bound.
+        optimizer = torch.optim.Adam(net.parameters(), lr=algorithm.config.lr, eps=1e-5, fused=True)
+        return cls(net, optimizer, placement)
 
 
 def _tensor(array: Any) -> torch.Tensor:

@@ -1,4 +1,10 @@
-"""Built-in SAC (continuous actions) on the plug-in contract; light on purpose (no torch at import)."""
+"""Built-in SAC (continuous actions) on the plug-in contract; light on purpose (no torch at import).
+
+The networks, torch actor and learner (:mod:`.networks`, :mod:`.learner`) import torch when
+they are made; the numpy actor of ReLU MLP jobs (:mod:`.numpy_actor`) never does. The
+learner's train step is :mod:`.torch_step` or its numpy twin :mod:`.numpy_step`, both from
+the losses of :mod:`.losses`.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,11 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from worker.algorithms.numpy_twin.actors import TwoActors
+from worker.algorithms.numpy_twin.layout import Shapes, mlp_layout
 from worker.algorithms.sac.config import SACConfig
-from worker.algorithms.two_actors import TwoActors
 from worker.models.mlp import MLP
-from worker.models.mlp_layout import Shapes, mlp_layout
-from worker.plugins.contract import Actor, Learner, Model, UnsupportedSpace
+from worker.plugins.contract import Actor, Learner, Model, Placement, UnsupportedSpace
 from worker.plugins.spaces import Spaces, describe_space
 
 __all__ = ["SAC", "SACConfig", "flat_observations"]
@@ -29,6 +35,7 @@ class SAC(TwoActors):
 
     Config = SACConfig
     kind = "off_policy"
+    devices = ("cpu", "cuda")
     default_model_config: ClassVar[Mapping[str, Any]] = {"hidden_sizes": [256], "activation": "relu"}
     config: SACConfig
 
@@ -84,10 +91,10 @@ class SAC(TwoActors):
 
         return policy_shapes(mlp.shapes(""), mlp.out_dim, int(self.spaces.action.shape[0]))  # type: ignore[index]
 
-    def make_learner(self, seed: int) -> Learner:
+    def make_learner(self, seed: int, placement: Placement | None = None) -> Learner:
         from worker.algorithms.sac.learner import SACLearner
 
-        return SACLearner(self, seed)
+        return SACLearner(self, seed, placement)
 
     def policy_network(self, seed: int | None = None) -> Any:
         from worker.algorithms.sac.networks import SquashedGaussianPolicy, seeded

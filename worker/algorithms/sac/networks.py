@@ -8,12 +8,15 @@ body (the model's encoder, given the joint vector's Box), or beside the body's o
 any observation; either way one more ReLU layer follows, then one output. With the
 default model (one hidden layer of 256) both networks have two hidden layers of 256, as
 Stable-Baselines3's SAC has. Critics take actions scaled to [-1, 1], whatever the box.
+:class:`SACNets` is the learner's torch side: these networks, the critics' targets, the
+temperature and their Adams.
 """
 
 from __future__ import annotations
 
-import math
+import copy
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import gymnasium as gym
@@ -23,9 +26,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the universal torch alias)
 from torch import nn
 
-from worker.algorithms.sac.numpy_actor import LOG_STD_MAX, LOG_STD_MIN
+from worker.algorithms.sac.config import SACConfig
+from worker.algorithms.sac.losses import squashed_gaussian
 from worker.algorithms.weights import check_fits
-from worker.plugins.contract import Actor, Model, Obs
+from worker.plugins.contract import Actor, Model, Obs, Placement
 from worker.plugins.spaces import Spaces
 
 _M = TypeVar("_M", bound=nn.Module)
@@ -46,17 +50,6 @@ def as_inputs(obs: Obs | Any) -> Any:
     return obs if isinstance(obs, torch.Tensor) else torch.as_tensor(np.asarray(obs))
 
 
-def squashed_log_prob(normal: torch.distributions.Normal, raw: torch.Tensor) -> torch.Tensor:
-    """log-density of ``tanh(raw)`` where ``raw ~ normal``: the Gaussian's, minus log|d tanh/du| per dimension.
-
-    ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))``, which stays finite where
-    ``tanh(u)`` rounds to 1.
-    """
-    correction = 2.0 * (math.log(2.0) - raw - F.softplus(-2.0 * raw))
-    out: torch.Tensor = (normal.log_prob(raw) - correction).sum(dim=-1)  # type: ignore[no-untyped-call]
-    return out
-
-
 class SquashedGaussianPolicy(nn.Module):
     """Observations to actions in [-1, 1] (``sample``: with their log-probabilities; ``mode``: tanh of the mean)."""
 
@@ -75,23 +68,26 @@ class SquashedGaussianPolicy(nn.Module):
         self.register_buffer("low", torch.as_tensor(action.low, dtype=torch.float32))  # type: ignore[attr-defined]
         self.register_buffer("high", torch.as_tensor(action.high, dtype=torch.float32))  # type: ignore[attr-defined]
 
-    def _normal(self, x: Any) -> torch.distributions.Normal:
+    def forward(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian's means and unclamped log standard deviations, ``[B, d]`` each."""
         h = F.relu(self.hidden(self.body(x)))
-        log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
-        return torch.distributions.Normal(self.mean(h), log_std.exp())
+        return self.mean(h), self.log_std(h)
 
     def sample(self, x: Any, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised actions in [-1, 1] and their log-probabilities (``[B, d]``, ``[B]``).
+        """Reparameterised actions in [-1, 1] and their log-probabilities, ``[B, d]`` and ``[B]``.
+
+        The sample and its density are :func:`~worker.algorithms.sac.losses.squashed_gaussian`'s.
 
         ``noise``: the standard normal draws of ``mean + std * noise`` (the learner draws its own,
         so that its torch and numpy steps can be given the same); ``None``: torch's RNG.
         """
-        normal = self._normal(x)
-        raw = normal.rsample() if noise is None else normal.loc + normal.scale * noise
-        return torch.tanh(raw), squashed_log_prob(normal, raw)
+        mean, raw_log_std = self(x)
+        if noise is None:
+            noise = torch.empty_like(mean).normal_()
+        return squashed_gaussian(mean, raw_log_std, noise)
 
     def mode(self, x: Any) -> torch.Tensor:
-        return torch.tanh(self._normal(x).loc)
+        return torch.tanh(self(x)[0])
 
     def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
         """Actions in [-1, 1] as the env's box wants them."""
@@ -126,10 +122,14 @@ class QFunction(nn.Module):
 
     def forward(self, x: Any, action: torch.Tensor) -> torch.Tensor:
         if self.joint:
-            h = F.relu(self.hidden(self.body(torch.cat([x.float(), action], dim=1))))
-        else:
-            h = F.relu(self.hidden(torch.cat([self.body(x), action], dim=1)))
+            return self.from_joint(torch.cat([x.float(), action], dim=1))
+        h = F.relu(self.hidden(torch.cat([self.body(x), action], dim=1)))
         q: torch.Tensor = self.out(h).squeeze(-1)
+        return q
+
+    def from_joint(self, joint: torch.Tensor) -> torch.Tensor:
+        """``Q`` of ``[s, a]`` already joined (``joint`` critics)."""
+        q: torch.Tensor = self.out(F.relu(self.hidden(self.body(joint)))).squeeze(-1)
         return q
 
 
@@ -142,6 +142,9 @@ class TwinQ(nn.Module):
         self.q2 = QFunction(model, spaces, joint=joint)
 
     def forward(self, x: Any, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.q1.joint:  # one [s, a] for both
+            joint = torch.cat([x.float(), action], dim=1)
+            return self.q1.from_joint(joint), self.q2.from_joint(joint)
         return self.q1(x, action), self.q2(x, action)
 
 
@@ -172,3 +175,61 @@ class SACActor(Actor):
             self.policy.load_state_dict(dict(weights), strict=True)
         except (RuntimeError, TypeError, KeyError) as exc:
             raise ValueError(f"the weights do not fit the SAC policy: {exc}") from None
+
+
+@dataclass
+class SACNets:
+    """The learner's torch side: the policy, the twin critics and their targets, the temperature, their Adams.
+
+    Both train steps work on these (:mod:`worker.algorithms.numpy_twin.step`): the torch step
+    directly, the numpy step on a twin it writes back before they are read. ``noise`` gives
+    both steps the standard normal draws of their reparameterised samples, in the same
+    order, so the two backends see the same noise for a seed.
+    """
+
+    policy: SquashedGaussianPolicy
+    critics: TwinQ
+    targets: TwinQ
+    log_alpha: torch.Tensor
+    policy_opt: torch.optim.Adam
+    critic_opt: torch.optim.Adam
+    alpha_opt: torch.optim.Adam
+    target_entropy: float
+    """The entropy the temperature aims at: ``algorithm.target_entropy``, or ``-action_dim``."""
+    noise: np.random.Generator
+    placement: Placement = field(default_factory=Placement)
+    """Where the networks, the temperature and Adam's state live (the CPU unless the learner runs on a GPU)."""
+
+    @classmethod
+    def build(
+        cls, model: Model, spaces: Spaces, cfg: SACConfig, seed: int, *, joint: bool, placement: Placement | None = None
+    ) -> SACNets:
+        """Seeded networks (the policy from ``seed``, the critics from ``seed + 1``); the targets copy the critics.
+
+        The weights are drawn on the CPU and then moved, so a seed gives the same ones on any device.
+        """
+        placement = placement or Placement()
+        device = placement.device
+        policy = seeded(lambda: SquashedGaussianPolicy(model, spaces), seed).to(device)
+        critics = seeded(lambda: TwinQ(model, spaces, joint=joint), seed + 1).to(device)
+        targets = copy.deepcopy(critics).requires_grad_(False)
+        dim = int(policy.mean.out_features)
+        log_alpha = torch.tensor(float(np.log(cfg.init_alpha)), requires_grad=True, device=device)
+        return cls(
+            policy,
+            critics,
+            targets,
+            log_alpha,
+            # fused: one kernel for all parameters; on small networks the step is dispatch-bound.
+            torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True),
+            torch.optim.Adam(critics.parameters(), lr=cfg.lr, fused=True),
+            torch.optim.Adam([log_alpha], lr=cfg.lr),
+            cfg.target_entropy if cfg.target_entropy else -float(dim),
+            np.random.default_rng(seed + 2),
+            placement,
+        )
+
+    def draw_noise(self, rows: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """One step's draws, ``[rows, action_dim]`` each: for the sample at ``next_obs``, then at ``obs``."""
+        shape = (rows, int(self.policy.mean.out_features))
+        return self.noise.standard_normal(shape, dtype=np.float32), self.noise.standard_normal(shape, dtype=np.float32)
