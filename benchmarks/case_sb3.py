@@ -74,6 +74,9 @@ JOBS: dict[str, Job] = {
     "lunarlander_ppo": Job("lunarlander_ppo.toml", "ppo", "LunarLander-v3", 3600),
     "lunarlandercontinuous_sac": Job("lunarlandercontinuous_sac.toml", "sac", "LunarLanderContinuous-v3", 7200),
     "halfcheetah_sac": Job("halfcheetah_sac.toml", "sac", "HalfCheetah-v5", 1200, fixed_budget=True),
+    # Memory: warren's lstm model against sb3-contrib's RecurrentPPO (rl-baselines3-zoo's ppo_lstm.yml).
+    "cartpole_novel_ppo_lstm": Job("cartpole_novel_ppo_lstm.toml", "ppo_lstm", "CartPoleNoVel-v1", 900),
+    "pendulum_novel_ppo_lstm": Job("pendulum_novel_ppo_lstm.toml", "ppo_lstm", "PendulumNoVel-v1", 1200),
 }
 #: What ``python -m benchmarks --cases sb3`` runs (minutes, not hours).
 DEFAULT_JOBS = ("cartpole_ppo", "cartpole_dqn", "acrobot_dqn", "pendulum_sac")

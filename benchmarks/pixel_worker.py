@@ -171,7 +171,7 @@ def read(job: JobConfig, args: argparse.Namespace) -> dict[str, float]:
     settings = Settings.from_env({}, amqp_url=args.url, prefix=args.prefix)
     store = StepStore(Path(args.data))
     assert job.spaces is not None
-    layout = ChunkLayout.of(job.spaces, job.bound.columns())
+    layout = ChunkLayout.of_algorithm(job.bound)
     link = BrokerLink(settings, "bench-pixels-reader").open()
     names = Names(settings.prefix)
     link.declare(names.metadata_decl(args.queue, max_length=64, expires_s=600))

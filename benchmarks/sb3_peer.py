@@ -1,6 +1,7 @@
 """``python -m benchmarks.sb3_peer``: Stable-Baselines3 on one job, timed the way warren's benchmark times warren.
 
-Single process, the rl-baselines3-zoo hyperparameters for the env (:data:`ZOO`), torch
+Single process, the rl-baselines3-zoo hyperparameters for the env (:data:`ZOO`; ``--algo ppo_lstm`` is
+sb3-contrib's RecurrentPPO with the zoo's ppo_lstm.yml, observations and rewards normalised as there), torch
 and BLAS limited to ``--threads``. Every ``--eval-interval-s`` seconds of wall time (as
 warren's coordinator does) it runs ``--eval-envs x --eval-episodes`` episodes with the
 deterministic policy on a separate env and prints a JSON line; it stops at the first
@@ -8,7 +9,7 @@ evaluation whose mean return reaches ``--stop-value`` with a policy that trained
 as warren's coordinator confirms it (``--confirm-episodes`` other episodes of the same
 policy, their mean at the stop value too; its own line), or at a budget. Each line carries
 ``time.time()``, so the caller measures from the moment it started the process, imports
-included. Needs the ``sb3`` extra (``pip install -e '.[sb3]'``).
+included. Needs the ``sb3`` extra (``pip install -e '.[sb3]'``: stable-baselines3 and sb3-contrib).
 """
 
 from __future__ import annotations
@@ -61,6 +62,23 @@ ZOO: dict[tuple[str, str], dict[str, Any]] = {
         "n_envs": 1, "n_timesteps": 1_000_000,
         "kwargs": {"learning_starts": 10_000},
     },
+    # sb3-contrib's RecurrentPPO, rl-baselines3-zoo's hyperparams/ppo_lstm.yml ("normalize": VecNormalize of
+    # observations and rewards; LSTM_POLICY is the policy_kwargs both use).
+    ("ppo_lstm", "CartPoleNoVel-v1"): {
+        "n_envs": 8, "n_timesteps": 100_000, "normalize": True,
+        "kwargs": {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                   "ent_coef": 0.0, "learning_rate": ("linear", 0.001), "clip_range": ("linear", 0.2)},
+    },
+    ("ppo_lstm", "PendulumNoVel-v1"): {
+        "n_envs": 4, "n_timesteps": 100_000, "normalize": True,
+        "kwargs": {"n_steps": 1024, "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10, "ent_coef": 0.0,
+                   "learning_rate": 1e-3, "clip_range": 0.2, "use_sde": True, "sde_sample_freq": 4},
+    },
+}  # fmt: skip
+#: The zoo's ``policy_kwargs`` of its ppo_lstm jobs: ReLU, separate 64-unit LSTMs for actor and critic, then a
+#: 64-unit layer each; built where torch is imported (``activation_fn`` is a class).
+LSTM_POLICY = {
+    "ortho_init": False, "lstm_hidden_size": 64, "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]},
 }  # fmt: skip
 
 
@@ -79,7 +97,7 @@ def emit(**fields: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sb3_peer", description=__doc__)
-    parser.add_argument("--algo", required=True, choices=["ppo", "sac", "dqn"])
+    parser.add_argument("--algo", required=True, choices=["ppo", "sac", "dqn", "ppo_lstm"])
     parser.add_argument("--env-id", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -111,13 +129,29 @@ def main(argv: list[str] | None = None) -> int:
     from stable_baselines3 import DQN, PPO, SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
 
+    from worker.envs.partial import register_partial_envs
+
+    register_partial_envs()  # CartPoleNoVel-v1, PendulumNoVel-v1: warren's, the zoo's envs
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     zoo = ZOO[(args.algo, args.env_id)]
-    algo_cls = {"ppo": PPO, "sac": SAC, "dqn": DQN}[args.algo]
+    kwargs = _schedules(zoo["kwargs"])
     envs = make_vec_env(args.env_id, n_envs=zoo["n_envs"], seed=args.seed)
-    model = algo_cls("MlpPolicy", envs, seed=args.seed, device="cpu", verbose=0, **_schedules(zoo["kwargs"]))
+    if zoo.get("normalize"):
+        envs = VecNormalize(envs)
+    recurrent = args.algo == "ppo_lstm"
+    if recurrent:
+        from sb3_contrib import RecurrentPPO
+
+        policy_kwargs = {**LSTM_POLICY, "activation_fn": torch.nn.ReLU}
+        model: Any = RecurrentPPO(
+            "MlpLstmPolicy", envs, seed=args.seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs, **kwargs
+        )
+    else:
+        algo_cls = {"ppo": PPO, "sac": SAC, "dqn": DQN}[args.algo]
+        model = algo_cls("MlpPolicy", envs, seed=args.seed, device="cpu", verbose=0, **kwargs)
     eval_env = gym.make_vec(args.env_id, num_envs=args.eval_envs, vectorization_mode="sync")
     confirm_env = (
         gym.make_vec(args.env_id, num_envs=args.confirm_episodes, vectorization_mode="sync")
@@ -134,9 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         done_counts = np.zeros(n_envs, dtype=int)
         running = np.zeros(n_envs)
         after_end = np.zeros(n_envs, dtype=bool)
+        state, starts = None, np.ones(n_envs, dtype=bool)  # a recurrent policy's state, reset where episodes begin
         while (done_counts < episodes).any():
-            action, _ = model.predict(obs, deterministic=True)
+            seen = envs.normalize_obs(obs) if isinstance(envs, VecNormalize) else obs
+            if recurrent:
+                action, state = model.predict(seen, state=state, episode_start=starts, deterministic=True)
+            else:
+                action, _ = model.predict(seen, deterministic=True)
             obs, reward, terminated, truncated, _ = env.step(action)
+            starts = after_end.copy()  # after a reset step (gymnasium's next-step autoreset) an episode begins
             live = ~after_end
             running += np.where(live, reward, 0.0)
             ended = (terminated | truncated) & live

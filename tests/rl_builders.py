@@ -40,8 +40,8 @@ def chunk_fields(
     rng = np.random.default_rng(seed)
     fields: dict[str, npt.NDArray[Any]] = {}
     for name, field in layout.fields.items():
-        rows = steps + int(field.bootstrap_row)
-        fields[name] = np.zeros((rows, envs, *field.shape), dtype=field.dtype)
+        rows = () if field.per_chunk else (steps + int(field.bootstrap_row),)
+        fields[name] = np.zeros((*rows, envs, *field.shape), dtype=field.dtype)
     obs_space = spaces.observation
     leaves = (
         {f"obs.{k}": v for k, v in obs_space.spaces.items()}

@@ -64,7 +64,7 @@ class InProcessJob:
         self.algorithm = job.bound
         assert job.spaces is not None
         self.spaces = job.spaces
-        self.layout = ChunkLayout.of(self.spaces, self.algorithm.columns())
+        self.layout = ChunkLayout.of_algorithm(self.algorithm)
         self.learner: Learner = self.algorithm.make_learner(self.seed)
         self.envs = job_envs(job, job.env.collector_env_num, self.seed)
         self.env_steps = 0

@@ -132,10 +132,12 @@ def play(
     lengths = np.zeros(n, dtype=np.int64)
     result = Episodes()
     envs.reset()
+    policy.reset(n)
     while (played < quota).any():
         if stop is not None and stop():
             break
         step = envs.step(policy.act_batch(envs.obs, deterministic))
+        policy.episodes_begin(~step.valid)  # after a reset step: a policy with memory starts afresh
         lengths += step.valid
         for i in np.flatnonzero(step.ended):
             if played[i] < quota[i]:
@@ -181,6 +183,7 @@ def film(
         path = Path(out_dir) / f"{name}-{k:03d}.mp4"
         writer = Mp4Writer(path, filmed.fps)
         envs.reset(None if filmed.seed is None else filmed.seed + k)
+        policy.reset(1)
         length = 0
         ended = False
         try:

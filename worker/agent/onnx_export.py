@@ -57,7 +57,7 @@ def action_module(policy: Policy) -> torch.nn.Module:
 
     Raises:
         ConfigurationError: not DQN, PPO or SAC (no built-in deterministic actor to export),
-            or observations of a ``Dict`` space (one input only).
+            observations of a ``Dict`` space (one input only), or a policy with memory.
     """
     from worker.algorithms.dqn import DQN
     from worker.algorithms.ppo import PPO
@@ -70,6 +70,11 @@ def action_module(policy: Policy) -> torch.nn.Module:
         )
     if isinstance(algorithm.spaces.observation, gym.spaces.Dict):
         raise ConfigurationError("ONNX export takes one observation array: a Dict observation space is not supported")
+    if policy.has_memory:
+        raise ConfigurationError(
+            f"ONNX export takes feed-forward policies; this one keeps a recurrent state (model "
+            f"{policy.header.model!r}), which an exported graph would have to take and return each step"
+        )
     weights = read_policy_file(policy.path).state_dict
     if isinstance(algorithm, DQN):
         from worker.agent.onnx_modules import GreedyQ

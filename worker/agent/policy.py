@@ -134,8 +134,31 @@ class Policy:
         """The mean return of the eval that made this the run's best policy (``None``: not a best policy)."""
         return self.header.eval_return
 
+    @property
+    def has_memory(self) -> bool:
+        """A recurrent policy (model ``lstm``): each act continues the episodes of the previous one."""
+        return bool(self.algorithm.memory_columns())
+
+    def reset(self, envs: int = 1) -> None:
+        """Begin new episodes in ``envs`` envs: a policy with memory forgets what it saw (no-op without memory).
+
+        A policy with memory treats consecutive :meth:`act` calls as consecutive steps of
+        the same episodes, one per row of the batch; call this when they begin.
+        """
+        zeros = {name: np.zeros((envs, *c.shape), dtype=c.dtype) for name, c in self.algorithm.memory_columns().items()}
+        if zeros:
+            self.actor.set_memory(zeros)
+
+    def episodes_begin(self, envs: npt.NDArray[np.bool_]) -> None:
+        """The envs marked ``True`` begin new episodes at the next act (a policy with memory forgets them)."""
+        if self.has_memory and bool(np.any(envs)):
+            self.actor.forget(np.asarray(envs, dtype=bool))
+
     def act(self, obs: Any, deterministic: bool = True) -> Any:
         """The action for one observation, or a batch of actions for a batch ``[B, ...]`` of them.
+
+        A policy with memory (:attr:`has_memory`) remembers what it acted on: call
+        :meth:`reset` when episodes begin.
 
         Observations are converted to the space's dtype (a float64 observation of a float32
         space is fine). One observation gives one action of the action space (a numpy

@@ -10,7 +10,7 @@ envs, about ten times cheaper per step. Other ids run in gymnasium's ``SyncVecto
 Both autoreset in ``NEXT_STEP`` mode, as the contract wants.
 
 Importing this plug-in registers warren's own partially observed ids,
-``CartPoleNoVel-v1`` and ``PendulumNoVel-v1`` (:mod:`worker.envs.partial`).
+``CartPoleNoVel-v1``, ``PendulumNoVel-v1`` and ``CueMemory-v0`` (:mod:`worker.envs.partial`).
 
 ALE ids (``ALE/Pong-v5``, registered by ``ale_py``) have one: ale-py's C++
 ``AtariVectorEnv``, which does the usual Atari preprocessing itself (84x84 grey, frame

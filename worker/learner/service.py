@@ -150,7 +150,7 @@ class Learner:
         self.algorithm = self.job.bound
         assert self.job.spaces is not None
         self.spaces = self.job.spaces
-        self.layout = ChunkLayout.of(self.spaces, self.algorithm.columns())
+        self.layout = ChunkLayout.of_algorithm(self.algorithm)
         self.plugins = job_plugins(self.job)
         """The job's plug-ins: the one a failure comes from is named (rejected chunks, NaN updates)."""
         setting, where = config.device_setting

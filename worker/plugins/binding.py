@@ -50,7 +50,8 @@ def build_algorithm(
         MissingPlugin: the algorithm or the model is not here (or at another version).
         UnsupportedSpace: the algorithm or the model cannot use these spaces; the message
             names both.
-        TaskError: a config key is unknown or a value is wrong; the message names it.
+        TaskError: a config key is unknown or a value is wrong, or the model keeps a recurrent state the
+            algorithm cannot use; the message names it.
     """
     found = registry.get(PluginKind.ALGORITHM, algorithm, algorithm_version)
     cls: type[Algorithm] = found.obj
@@ -72,6 +73,13 @@ def build_algorithm(
         raise UnsupportedSpace(
             f"model {model_name!r} cannot take observations {describe_space(spaces.observation)}: {exc.message}"
         ) from None
+    memory = bound.state_shapes(spaces.observation)
+    if memory and not cls.recurrent_models:
+        raise TaskError(
+            f"algorithm {algorithm!r} cannot use model {model_name!r}: the model keeps a recurrent state "
+            f"({', '.join(memory)}) and {algorithm!r} takes feed-forward models only; the built-in 'ppo' takes "
+            "recurrent ones"
+        )
     try:
         return cls(algo_config, spaces, bound)
     except (TaskError, ValueError, TypeError) as exc:

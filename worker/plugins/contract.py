@@ -188,6 +188,14 @@ class ModelPlugin(ABC):
     takes a batch of observations as torch tensors in the space's own dtype (uint8 images
     stay uint8: convert inside the module) — one tensor, or a dict of tensors for a
     ``Dict`` space — and returns ``[B, out_dim]`` float32.
+
+    **Memory.** A model whose :meth:`state_shapes` names a state is recurrent: its encoder's
+    ``forward(obs, state, first)`` takes time-major observations ``[T, B, ...]``, the state
+    before step 0 (a dict of float32 ``[B, *shape]`` tensors, one per name) and ``first``
+    (bool ``[T, B]``: an episode starts at step ``t`` of env ``b``, so the state is zeros
+    before it), and returns ``([T, B, out_dim], the state after step T - 1)``. Every
+    state starts at zeros. Actors keep one state per env and reset it where an episode
+    ends; chunks carry it at their first step (:attr:`Chunk.state`).
     """
 
     Config: ClassVar[type[Any]] = NoConfig
@@ -200,6 +208,14 @@ class ModelPlugin(ABC):
     def make_encoder(self, observation_space: gym.Space[Any], config: Any) -> nn.Module:
         """A fresh encoder (weights from torch's current RNG) for ``observation_space``."""
 
+    def state_shapes(self, observation_space: gym.Space[Any], config: Any) -> Mapping[str, tuple[int, ...]]:
+        """The recurrent state its encoder keeps per env, a float32 shape per name; empty (the default): none.
+
+        Declared here, without building the encoder, because chunk layouts follow from it
+        in processes that never build one.
+        """
+        return {}
+
 
 @dataclass(frozen=True)
 class Model:
@@ -210,6 +226,32 @@ class Model:
     name: str = "mlp"
     ref: PluginRef | None = field(default=None, compare=False)
     """The plug-in's name, version and package, for the errors that blame it."""
+
+    def state_shapes(self, observation_space: gym.Space[Any]) -> dict[str, tuple[int, ...]]:
+        """The model's recurrent state per env (empty: feed-forward), checked to be shapes.
+
+        Raises:
+            PluginFailed: ``state_shapes`` raised or returned something that is not a map of names to shapes.
+        """
+        ref = self.ref or PluginRef("model", self.name)
+        try:
+            shapes = self.plugin.state_shapes(observation_space, self.config)
+        except Exception as exc:
+            raise PluginFailed(fault_line(ref, "state_shapes", exception_problem(exc, ref))) from exc
+        out: dict[str, tuple[int, ...]] = {}
+        for name, shape in dict(shapes or {}).items():
+            dims = tuple(shape) if isinstance(shape, tuple | list) else None
+            if (
+                not isinstance(name, str)
+                or not name
+                or dims is None
+                or not all(isinstance(d, int) and d > 0 for d in dims)
+            ):
+                raise PluginFailed(
+                    fault_line(ref, "state_shapes", f"returned {short_repr(dict(shapes))}; a map of names to shapes")
+                )
+            out[name] = dims
+        return out
 
     def encoder(self, observation_space: gym.Space[Any]) -> nn.Module:
         """A fresh encoder, tried once on two sampled observations.
@@ -234,7 +276,7 @@ class Model:
             raise PluginFailed(fault_line(ref, "make_encoder", exception_problem(exc, ref))) from exc
         if not isinstance(getattr(module, "out_dim", None), int):
             raise PluginFailed(fault_line(ref, "make_encoder", "its encoder has no integer out_dim"))
-        _try_encoder(module, observation_space, ref)
+        _try_encoder(module, observation_space, ref, self.state_shapes(observation_space))
         return module
 
 
@@ -242,20 +284,29 @@ class Model:
 _TRY_BATCH = 2
 
 
-def _try_encoder(module: nn.Module, observation_space: gym.Space[Any], ref: PluginRef) -> None:
+def _try_encoder(
+    module: nn.Module, observation_space: gym.Space[Any], ref: PluginRef, state_shapes: Mapping[str, tuple[int, ...]]
+) -> None:
     import gymnasium as gym
     import torch
 
     batch = gym.vector.utils.batch_space(observation_space, _TRY_BATCH).sample()
+    lead = (1,) if state_shapes else ()  # a recurrent encoder takes [T, B, ...]: one step here
     if isinstance(batch, Mapping):
-        inputs: Any = {key: torch.as_tensor(np.asarray(value)) for key, value in batch.items()}
+        inputs: Any = {
+            key: torch.as_tensor(np.asarray(value)).reshape(*lead, *value.shape) for key, value in batch.items()
+        }
     else:
-        inputs = torch.as_tensor(np.asarray(batch))
+        inputs = torch.as_tensor(np.asarray(batch)).reshape(*lead, *np.shape(batch))
+    state = {name: torch.zeros(_TRY_BATCH, *shape) for name, shape in state_shapes.items()}
     training = module.training
     module.eval()  # no dropout draws, no running statistics updated
     try:
         with torch.no_grad():
-            out = module(inputs)
+            if state_shapes:
+                out, after = module(inputs, state, torch.ones(1, _TRY_BATCH, dtype=torch.bool))
+            else:
+                out = module(inputs)
     except Exception as exc:
         raise PluginFailed(fault_line(ref, "forward", exception_problem(exc, ref))) from exc
     finally:
@@ -263,18 +314,31 @@ def _try_encoder(module: nn.Module, observation_space: gym.Space[Any], ref: Plug
     out_dim = int(module.out_dim)  # type: ignore[arg-type]  # an int: checked by the caller
     if not isinstance(out, torch.Tensor):
         raise PluginFailed(fault_line(ref, "forward", f"returned a {type(out).__name__}, not a tensor"))
-    if tuple(out.shape) != (_TRY_BATCH, out_dim):
+    if tuple(out.shape) != (*lead, _TRY_BATCH, out_dim):
         raise PluginFailed(
             fault_line(
                 ref,
                 "forward",
-                f"returned {list(out.shape)} for {_TRY_BATCH} observations; its out_dim says [{_TRY_BATCH}, {out_dim}]",
+                f"returned {list(out.shape)} for {_TRY_BATCH} observations; its out_dim says "
+                f"{[*lead, _TRY_BATCH, out_dim]}",
             )
         )
+    if state_shapes:
+        _check_state(after, {name: (_TRY_BATCH, *shape) for name, shape in state_shapes.items()}, ref)
     if not out.dtype.is_floating_point:
         raise PluginFailed(fault_line(ref, "forward", f"returned {out.dtype}, not floats"))
     if not bool(torch.isfinite(out).all()):
         raise PluginFailed(fault_line(ref, "forward", "returned NaN or infinite values for sampled observations"))
+
+
+def _check_state(state: Any, want: Mapping[str, tuple[int, ...]], ref: PluginRef) -> None:
+    import torch
+
+    got = {n: tuple(t.shape) for n, t in state.items()} if isinstance(state, Mapping) else None
+    if got != dict(want) or not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in state.values()):
+        raise PluginFailed(
+            fault_line(ref, "forward", f"returned the state {short_repr(got)}; its state_shapes make it {dict(want)}")
+        )
 
 
 # -- what flows: chunks -----------------------------------------------------------------
@@ -314,6 +378,10 @@ class Chunk:
     """The algorithm's :meth:`Algorithm.columns`, ``[T, N, ...]`` each."""
     policy_version: int
     """The version of the policy that acted in every step of the chunk."""
+    state: Mapping[str, npt.NDArray[np.float32]] = field(default_factory=dict)
+    """An actor with memory: its state before the chunk's first step, ``[N, ...]`` per name
+    (:meth:`Algorithm.memory_columns`); empty otherwise. Within the chunk it was reset where
+    an episode began: before step ``t + 1`` wherever step ``t`` was a reset step (not ``valid``)."""
 
     @property
     def steps(self) -> int:
@@ -371,6 +439,20 @@ class Actor(ABC):
             explore: collect tasks explore; eval tasks act greedily (deterministically).
             settings: the task's ``collect_setting`` (from :meth:`Algorithm.collect_settings`).
         """
+
+    def memory(self) -> dict[str, npt.NDArray[np.float32]] | None:
+        """The recurrent state the next :meth:`act` starts from, ``[N, ...]`` per name; ``None``: no memory."""
+        return None
+
+    def set_memory(self, memory: Mapping[str, npt.NDArray[np.float32]]) -> None:  # noqa: B027  (optional hook)
+        """Take the state the next :meth:`act` starts from (:meth:`memory`'s form); ``ValueError`` if it does not fit.
+
+        An actor with memory is given one before its first act (zeros, or what the envs'
+        previous task left); an actor without memory ignores it.
+        """
+
+    def forget(self, envs: npt.NDArray[np.bool_]) -> None:  # noqa: B027  (optional hook)
+        """The envs marked ``True`` (``[N]``) begin a new episode at the next :meth:`act`: their state goes to zeros."""
 
     @abstractmethod
     def load_weights(self, weights: Mapping[str, Any]) -> None:
@@ -444,6 +526,9 @@ class Algorithm(ABC):
     """The model plug-in used when the job names none."""
     default_model_config: ClassVar[Mapping[str, Any]] = {}
     """Settings of the default model that differ from the model's own defaults (a job's ``[model]`` keys win)."""
+    recurrent_models: ClassVar[bool] = False
+    """Whether it can use a model with memory (:meth:`ModelPlugin.state_shapes`); a job that gives one to an
+    algorithm that cannot is refused before any process starts."""
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     """Where its learner can run: ``("cpu",)``, or ``("cpu", "cuda")`` for one whose :meth:`make_learner`
     takes ``placement`` (a :class:`Placement`). ``learner.device = "cuda"`` is refused for the others,
@@ -460,6 +545,11 @@ class Algorithm(ABC):
 
     def columns(self) -> Mapping[str, Column]:
         """Extra columns the actor writes into every chunk (none by default)."""
+        return {}
+
+    def memory_columns(self) -> Mapping[str, Column]:
+        """The actor's recurrent state per env (:meth:`Actor.memory`), which every chunk carries at its first
+        step as ``state.<name>`` (``[N, ...]``); none by default."""
         return {}
 
     @property

@@ -56,7 +56,11 @@ class PluginKind(StrEnum):
 #: source checkout that was never installed still has them).
 BUILTINS: Final[Mapping[PluginKind, Mapping[str, str]]] = {
     PluginKind.ENV: {"gymnasium": "worker.envs.gymnasium:GymnasiumEnvs"},
-    PluginKind.MODEL: {"mlp": "worker.models.mlp:MLP", "nature_cnn": "worker.models.nature_cnn:NatureCNN"},
+    PluginKind.MODEL: {
+        "mlp": "worker.models.mlp:MLP",
+        "nature_cnn": "worker.models.nature_cnn:NatureCNN",
+        "lstm": "worker.models.lstm:LSTM",
+    },
     PluginKind.ALGORITHM: {
         "dqn": "worker.algorithms.dqn:DQN",
         "ppo": "worker.algorithms.ppo:PPO",

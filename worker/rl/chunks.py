@@ -9,7 +9,10 @@ columns (:class:`ChunkLayout`):
   so the next observation is never stored twice (see :class:`~worker.plugins.Chunk`);
 * ``action`` ``[T, N, ...]``, ``reward`` float32, ``done`` (terminated), ``truncated``,
   ``valid`` bool ``[T, N]``;
-* one field per extra column of the algorithm (``logp``, ``value``...), ``[T, N, ...]``.
+* one field per extra column of the algorithm (``logp``, ``value``...), ``[T, N, ...]``;
+* an actor with memory (a recurrent model): its state before the chunk's first step,
+  ``state.<name>`` float32 ``[N, ...]`` per name of :meth:`Algorithm.memory_columns`, so a
+  learner rebuilds sequences without replaying episodes from their starts.
 
 **Frame stacks are stored once per frame.** An observation leaf that is a stack of ``K``
 uint8 frames along its first axis (:func:`is_frame_stack`: ale-py's ``(4, 84, 84)``) holds
@@ -40,8 +43,9 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.errors import CorruptChunk, CorruptFile
-from worker.plugins.contract import Chunk, Column, Obs
+from worker.plugins.contract import Algorithm, Chunk, Column, Obs
 from worker.plugins.spaces import Spaces, leaf_layout
+from worker.storage.steps import STATE_FIELD
 
 #: Fields every chunk has besides its observations and extras.
 CORE_FIELDS: Final = ("action", "reward", "done", "truncated", "valid")
@@ -50,6 +54,8 @@ _STEP_DTYPES: Final = {"reward": np.dtype(np.float32), "done": np.dtype(bool), "
 
 #: Separates a field's name from the name of one of its side tables (``obs@heads``).
 SIDE: Final = "@"
+#: Starts the name of a field holding the actor's recurrent state at the chunk's first step (``state.pi.h``).
+STATE: Final = STATE_FIELD
 #: Most frames a stack may have to be stored deduplicated, and the smallest frame side.
 MAX_STACK: Final = 16
 MIN_FRAME_SIDE: Final = 16
@@ -72,13 +78,15 @@ class FieldLayout:
     """One field of a chunk: its per-env shape and dtype, and whether it has ``T + 1`` rows.
 
     ``frames`` is ``K`` for a frame stack stored deduplicated (``shape`` is still the
-    stack's ``(K, H, W)``, what the learner gets back), else 0.
+    stack's ``(K, H, W)``, what the learner gets back), else 0. ``per_chunk``: one row for
+    the whole chunk (the actor's state at its first step), ``[N, ...]``.
     """
 
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
     bootstrap_row: bool = False
     frames: int = 0
+    per_chunk: bool = False
 
     @property
     def stored_shape(self) -> tuple[int, ...]:
@@ -95,7 +103,14 @@ class ChunkLayout:
     """Keys of a ``Dict`` observation space (fields ``obs.<key>``), or None (field ``obs``)."""
 
     @classmethod
-    def of(cls, spaces: Spaces, columns: Mapping[str, Column] | None = None) -> ChunkLayout:
+    def of_algorithm(cls, algorithm: Algorithm) -> ChunkLayout:
+        """The layout of ``algorithm``'s chunks: its spaces, extra columns and memory."""
+        return cls.of(algorithm.spaces, algorithm.columns(), algorithm.memory_columns())
+
+    @classmethod
+    def of(
+        cls, spaces: Spaces, columns: Mapping[str, Column] | None = None, memory: Mapping[str, Column] | None = None
+    ) -> ChunkLayout:
         """Raises: ValueError: an extra column takes a core field's name."""
         fields: dict[str, FieldLayout] = {}
         obs = spaces.observation
@@ -114,14 +129,21 @@ class ChunkLayout:
             fields[name] = FieldLayout((), dtype)
         fields["valid"] = FieldLayout((), np.dtype(bool))
         for name, column in (columns or {}).items():
-            if name in fields or name.startswith("obs") or SIDE in name:
+            if name in fields or name.startswith(("obs", STATE)) or SIDE in name:
                 raise ValueError(f"extra column {name!r} takes the name of a chunk field")
             fields[name] = FieldLayout(tuple(column.shape), np.dtype(column.dtype))
+        for name, column in (memory or {}).items():
+            fields[STATE + name] = FieldLayout(tuple(column.shape), np.dtype(column.dtype), per_chunk=True)
         return cls(fields=fields, obs_keys=keys)
 
     @property
     def extras(self) -> tuple[str, ...]:
-        return tuple(n for n in self.fields if not n.startswith("obs") and n not in CORE_FIELDS)
+        return tuple(n for n in self.fields if not n.startswith(("obs", STATE)) and n not in CORE_FIELDS)
+
+    @property
+    def state_fields(self) -> tuple[str, ...]:
+        """The fields of the actor's state at the chunk's first step (``state.<name>``)."""
+        return tuple(n for n in self.fields if n.startswith(STATE))
 
     @property
     def frame_fields(self) -> tuple[str, ...]:
@@ -131,7 +153,9 @@ class ChunkLayout:
     def bytes_per_step(self, num_envs: int) -> int:
         """Bytes one env step adds to a chunk (observations counted once, frame stacks one frame; heads not counted)."""
         return num_envs * sum(
-            int(np.prod(f.stored_shape, dtype=np.int64)) * f.dtype.itemsize for f in self.fields.values()
+            int(np.prod(f.stored_shape, dtype=np.int64)) * f.dtype.itemsize
+            for f in self.fields.values()
+            if not f.per_chunk
         )
 
 
@@ -149,9 +173,12 @@ class ChunkBuffer:
         self.rows = rows
         self.num_envs = num_envs
         self.arrays = {
-            name: np.zeros((rows + int(f.bootstrap_row), num_envs, *f.stored_shape), dtype=f.dtype)
+            name: np.zeros(
+                ((rows + int(f.bootstrap_row),) if not f.per_chunk else ()) + (num_envs, *f.stored_shape), dtype=f.dtype
+            )
             for name, f in layout.fields.items()
         }
+        self._state = layout.state_fields
         self._stacks = {name: _FrameHeads(layout.fields[name], num_envs) for name in layout.frame_fields}
         self._extras = layout.extras
         self.filled = 0
@@ -175,12 +202,22 @@ class ChunkBuffer:
         extras: Mapping[str, npt.NDArray[Any]],
         step: Any,
         now: float,
+        *,
+        memory: Mapping[str, npt.NDArray[Any]] | None = None,
     ) -> None:
-        """Write one vector-env step as the next row: what was seen, done, and got (a ``VecStep``)."""
+        """Write one vector-env step as the next row: what was seen, done, and got (a ``VecStep``).
+
+        ``memory``: the actor's state before this step (kept when it is the chunk's first; a
+        layout with state fields needs it then).
+        """
         t = self.filled
+        arrays = self.arrays
         if t == 0:
             self.started_at = now
-        arrays = self.arrays
+            for name in self._state:
+                if memory is None:
+                    raise ValueError("this chunk layout holds the actor's state, and the actor gave none")
+                arrays[name][:] = memory[name.removeprefix(STATE)]
         self._put_obs(t, obs)
         arrays["action"][t] = action
         arrays["reward"][t] = step.reward
@@ -197,8 +234,10 @@ class ChunkBuffer:
         t = self.filled
         self._put_obs(t, last_obs)
         self.filled, self.samples = 0, 0
+        fields = self.layout.fields
         out = {
-            name: array[: t + int(self.layout.fields[name].bootstrap_row)].copy() for name, array in self.arrays.items()
+            name: (array if fields[name].per_chunk else array[: t + int(fields[name].bootstrap_row)]).copy()
+            for name, array in self.arrays.items()
         }
         for name, stack in self._stacks.items():
             out[f"{name}{SIDE}heads"], out[f"{name}{SIDE}at"] = stack.take()
@@ -272,11 +311,16 @@ def read_chunk(fields: Mapping[str, Any], layout: ChunkLayout, spaces: Spaces, p
         )
     for name, f in layout.fields.items():
         array = fields[name]
-        want = (steps + int(f.bootstrap_row), num_envs, *f.stored_shape)
+        rows = () if f.per_chunk else (steps + int(f.bootstrap_row),)
+        want = (*rows, num_envs, *f.stored_shape)
         if not isinstance(array, np.ndarray) or array.shape != want or array.dtype != f.dtype:
             got = f"{array.shape} {array.dtype}" if isinstance(array, np.ndarray) else type(array).__name__
-            raise CorruptChunk(f"sample chunk field {name!r} is {got}; the job's spaces make it {want} {f.dtype}", name)
-        if array.dtype.kind == "f" and not np.isfinite(array[valid] if not f.bootstrap_row else array).all():
+            made = "the job's model makes" if f.per_chunk else "the job's spaces make"
+            raise CorruptChunk(f"sample chunk field {name!r} is {got}; {made} it {want} {f.dtype}", name)
+        if (
+            array.dtype.kind == "f"
+            and not np.isfinite(array[valid] if not (f.bootstrap_row or f.per_chunk) else array).all()
+        ):
             raise CorruptChunk(f"sample chunk field {name!r} holds NaN or infinite values", name)
     _check_actions(fields["action"][valid], spaces.action)
     stacks = {name: rebuild_stacks(fields, name, layout.fields[name]) for name in layout.frame_fields}
@@ -292,6 +336,7 @@ def read_chunk(fields: Mapping[str, Any], layout: ChunkLayout, spaces: Spaces, p
         valid=valid,
         extras={name: fields[name] for name in layout.extras},
         policy_version=policy_version,
+        state={name.removeprefix(STATE): fields[name] for name in layout.state_fields},
     )
 
 

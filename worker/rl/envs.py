@@ -107,6 +107,9 @@ class VecEnvBatch:
         self._after_end = np.zeros(ctx.num_envs, dtype=bool)
         self._was_reset = False
         self._closed = False
+        self.memory: dict[str, npt.NDArray[Any]] | None = None
+        """The state an actor with memory had after these envs' last step (what the next task's actor starts
+        from, as episodes continue across tasks); ``None`` after a reset."""
 
     def _check_autoreset(self, env_id: str) -> None:
         mode = self._envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
@@ -154,6 +157,7 @@ class VecEnvBatch:
         self._returns[:] = 0.0
         self._after_end[:] = False
         self._was_reset = True
+        self.memory = None
         return self._obs
 
     def step(self, actions: npt.NDArray[Any]) -> VecStep:

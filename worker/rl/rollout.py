@@ -149,6 +149,8 @@ class Rollout:
         self._started_at: float | None = None
         self._ended_at: float | None = None
         self._plugins = plugins or plugins_of(spec)
+        self._memory = algorithm.memory_columns()
+        """The actor's recurrent state per env (empty: an actor without memory)."""
         self._calling: tuple[PluginRef, str, float] | None = None
         """The plug-in call running now, and since when (read from other threads: one tuple, replaced whole)."""
         self._slowest_call_s = 0.0
@@ -241,7 +243,24 @@ class Rollout:
         if envs.needs_reset or spec.eval_flag:
             with self._plugin_call(self._plugins.env, "reset"):
                 envs.reset()
-        self._loop(envs, actor)
+        self._remember(envs, actor)
+        try:
+            self._loop(envs, actor)
+        finally:
+            if self._memory:
+                envs.memory = actor.memory()
+
+    def _remember(self, envs: VecEnvBatch, actor: Actor) -> None:
+        """An actor with memory starts from the state the envs' last task left (episodes go on), else zeros."""
+        if not self._memory:
+            return
+        zeros = {name: np.zeros((len(envs), *c.shape), dtype=c.dtype) for name, c in self._memory.items()}
+        kept = envs.memory
+        with self._plugin_call(self._plugins.algorithm, "set_memory"):
+            if kept is not None and {k: v.shape for k, v in kept.items()} == {k: v.shape for k, v in zeros.items()}:
+                actor.set_memory(kept)
+            else:
+                actor.set_memory(zeros)
 
     def _read_policy(self) -> PolicySnapshot | None:
         if self._source is None:
@@ -324,14 +343,20 @@ class Rollout:
                     self._load(reloadable, snapshot)
                 next_reload = self._clock() + spec.update_policy_second
             obs = envs.obs
+            # The state a chunk starts from travels with it (the learner unrolls its sequences from it).
+            memory = self._chunk_memory(actor) if self._memory and chunk is not None and chunk.filled == 0 else None
             with self._plugin_call(self._plugins.algorithm, "act"):
                 actions, extras = actor.act(obs, explore=explore, settings=settings)
             self._check_finite(actions, extras)
             with self._plugin_call(self._plugins.env, "step"):
                 step = envs.step(actions)
             self._count(step)
+            if self._memory and not step.valid.all():
+                # A reset step: the env's next observation begins an episode, which starts from zeros.
+                with self._plugin_call(self._plugins.algorithm, "forget"):
+                    actor.forget(~step.valid)
             if chunk is not None:
-                chunk.add(obs, actions, extras, step, self._clock())
+                chunk.add(obs, actions, extras, step, self._clock(), memory=memory)
             done = self._check_done(chunk)
             if chunk is not None and (done or chunk.full or chunk.age(self._clock()) >= max_age):
                 self._ship(chunk)
@@ -344,9 +369,26 @@ class Rollout:
         if chunk is not None:
             self._ship(chunk)
 
+    def _chunk_memory(self, actor: Actor) -> dict[str, np.ndarray]:
+        """The actor's state before the chunk's first step, checked against the algorithm's memory columns."""
+        with self._plugin_call(self._plugins.algorithm, "memory"):
+            memory = actor.memory()
+        want = {name: (len(self._envs), *column.shape) for name, column in self._memory.items()}
+        got = {name: np.shape(value) for name, value in (memory or {}).items()}
+        if got != want:
+            raise PluginFailed(
+                fault_line(
+                    self._plugins.algorithm,
+                    "memory",
+                    f"returned a state of shapes {got}; its memory_columns make {want}",
+                )
+            )
+        assert memory is not None
+        return memory
+
     def _layout(self) -> ChunkLayout:
         with self._plugin_call(self._plugins.algorithm, "columns"):
-            return ChunkLayout.of(self._algorithm.spaces, self._algorithm.columns())
+            return ChunkLayout.of_algorithm(self._algorithm)
 
     def _check_finite(self, actions: Any, extras: Mapping[str, Any]) -> None:
         """Refuse to act on NaN: the actor's float outputs (continuous actions, extra columns) must be finite.

@@ -44,6 +44,9 @@ COMPRESSIONS: Final = ("auto", "none", "lz4")
 _LZ4_MAGIC: Final = b"\x04\x22\x4d\x18"
 #: A field whose name holds this is a side table (``obs@heads``): its rows are not steps.
 SIDE_TABLE: Final = "@"
+#: A field whose name starts with this holds an actor's recurrent state at the chunk's first step
+#: (``state.pi.h``, ``[N, ...]``): its rows are envs, not steps.
+STATE_FIELD: Final = "state."
 #: First and largest pause while waiting for a missing file.
 _FIRST_WAIT_S: Final = 0.01
 _MAX_WAIT_S: Final = 0.5
@@ -229,8 +232,8 @@ def _validate_samples(samples: Mapping[str, NDArray[Any]]) -> int:
             raise TypeError(f"sample field {name!r} has dtype {array.dtype}: only numeric and bool")
         if array.ndim == 0 or array.shape[0] == 0:
             raise ValueError(f"sample field {name!r} has shape {array.shape}: needs a leading dimension >= 1")
-        if SIDE_TABLE not in name:
-            counts.add(int(array.shape[0]))
+        if SIDE_TABLE not in name and not name.startswith(STATE_FIELD):
+            counts.add(int(array.shape[0]))  # side tables and the actor's state are not rows of steps
     if not counts:
         raise ValueError("samples hold side tables only, no field of steps")
     # T steps, and T + 1 rows for observations (the one after the last step closes the chunk).
@@ -301,6 +304,6 @@ def _fields_problem(fields: Any, count: Any) -> str | None:
             return f"field name {name!r} is not a string"
         if not isinstance(array, np.ndarray) or array.ndim == 0:
             return f"field {name!r} is {type(array).__name__}, not an array with a leading dimension"
-        if SIDE_TABLE not in name and array.shape[0] not in (count, count + 1):
+        if SIDE_TABLE not in name and not name.startswith(STATE_FIELD) and array.shape[0] not in (count, count + 1):
             return f"field {name!r} has shape {array.shape}, but count is {count} (rows must be count or count + 1)"
     return None

@@ -11,6 +11,10 @@ learner updates. Every chunk carries the policy version that made it; the learne
 chunks more than ``max_lag`` versions old (counted), writes every version it makes so
 collectors catch up within ``update_policy_second``, and with ``correction = "vtrace"``
 corrects what lag remains with V-trace's truncated importance weights.
+
+With a recurrent model (``lstm``) the actors keep a state per env, the chunks carry it at
+their first step, and the learner trains on sequences of ``seq_len`` steps
+(:mod:`.sequences`), masked where an episode begins inside one.
 """
 
 from __future__ import annotations
@@ -46,8 +50,16 @@ class PPO(TwoActors):
         ):
             raise UnsupportedSpace(f"ppo has no action distribution for {describe_space(action)}")
 
+    recurrent_models = True
+
     def columns(self) -> Mapping[str, Column]:
         return {"logp": Column((), "float32"), "value": Column((), "float32")}
+
+    def memory_columns(self) -> Mapping[str, Column]:
+        """A recurrent model's state per body: ``pi.<name>`` (and ``vf.<name>`` unless ``shared_body``)."""
+        shapes = self.model.state_shapes(self.spaces.observation)
+        bodies = ("pi",) if self.config.shared_body else ("pi", "vf")
+        return {f"{body}.{name}": Column(shape, "float32") for body in bodies for name, shape in shapes.items()}
 
     @property
     def max_policy_lag(self) -> int:

@@ -50,6 +50,14 @@ class PPOConfig:
     truncated importance weights (then ``max_lag`` can be larger)."""
     vtrace_rho_bar: float = 1.0
     vtrace_c_bar: float = 1.0
+    seq_len: int = 32
+    """A recurrent model (``lstm``): steps per training sequence, through which gradients flow (truncated
+    backpropagation through time). Each chunk is cut into sequences of this many steps per env, the last
+    one shorter; a chunk's first sequence starts from the state its actor had (the chunk carries it), the
+    others from the state the learner unrolls to. Feed-forward models ignore it."""
+    recompute_states: bool = False
+    """A recurrent model: unroll the chunks again before every epoch, so each sequence starts from the state
+    the current weights reach (false: once per update, with the weights it starts from)."""
     backend: Literal["auto", "torch", "numpy"] = "auto"
     """The minibatch step's implementation: ``numpy`` (the same math written out, ~3x faster
     on small MLPs, where torch's per-op dispatch dominates; the ``mlp`` model on one float
@@ -65,6 +73,7 @@ class PPOConfig:
             ("minibatch_size", 1, 10**6),
             ("max_lag", 0, MAX_COUNT),
             ("lr_anneal_samples", 0, 10**12),
+            ("seq_len", 1, 10**5),
         ):
             object.__setattr__(self, name, check_int(getattr(self, name), f"{p}.{name}", lo, hi))
         for name, flo, fhi, lo_open in (
@@ -83,7 +92,7 @@ class PPOConfig:
         ):
             value = check_float(getattr(self, name), f"{p}.{name}", flo, fhi, lo_open=lo_open)
             object.__setattr__(self, name, value)
-        for name in ("normalize_advantage", "normalize_obs", "shared_body", "ortho_init"):
+        for name in ("normalize_advantage", "normalize_obs", "shared_body", "ortho_init", "recompute_states"):
             object.__setattr__(self, name, check_bool(getattr(self, name), f"{p}.{name}"))
         if self.backend not in ("auto", "torch", "numpy"):
             raise ValueError(f"{p}.backend must be auto, torch or numpy, got {self.backend!r}")

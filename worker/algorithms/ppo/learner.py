@@ -28,6 +28,7 @@ from worker.algorithms.ppo.config import PPOConfig
 from worker.algorithms.ppo.network import PPONets
 from worker.algorithms.ppo.numpy_step import NumpyPPOStep, supports
 from worker.algorithms.ppo.returns import gae, vtrace
+from worker.algorithms.ppo.sequences import SequenceBatch
 from worker.algorithms.ppo.torch_step import TorchPPOStep
 from worker.algorithms.weights import check_fits
 from worker.plugins.contract import Chunk, Learner, Placement
@@ -80,7 +81,7 @@ class PPOLearner(Learner):
         self.step.sync(policy_only=True)  # the batch's values come from the newest weights
         # The batch is normalised with the statistics its actors had; this batch's
         # observations go into the statistics after the update, for the next version.
-        batch = self._batch(chunks)
+        batch = self._sequences(chunks) if net.recurrent else self._batch(chunks)
         lr = self._set_lr()
         metrics = self._epochs(batch)
         if net.obs_norm is not None:
@@ -97,6 +98,34 @@ class PPOLearner(Learner):
             group["lr"] = lr
         return lr
 
+    def _returns(
+        self, chunk: Chunk, values: npt.NDArray[np.float32], logp: npt.NDArray[np.float32] | None
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """The chunk's advantages and value targets from its rows' values (and, for V-trace, the policy's log-probs)."""
+        cfg = self.config
+        if cfg.correction == "vtrace":
+            assert logp is not None
+            return vtrace(
+                chunk.reward, values, chunk.terminated, chunk.truncated, chunk.valid,
+                log_ratio=logp - chunk.extras["logp"], discount=cfg.discount, lam=cfg.gae_lambda,
+                rho_bar=cfg.vtrace_rho_bar, c_bar=cfg.vtrace_c_bar,
+            )  # fmt: skip
+        return gae(
+            chunk.reward, values, chunk.terminated, chunk.truncated, chunk.valid,
+            discount=cfg.discount, lam=cfg.gae_lambda,
+        )  # fmt: skip
+
+    def _sequences(self, chunks: list[Chunk]) -> SequenceBatch:
+        """A recurrent model's batch: the chunks as sequences (:mod:`.sequences`), on the learner's device."""
+        return SequenceBatch.build(
+            chunks,
+            self.nets.actor_critic,
+            self.config.seq_len,
+            self.device,
+            self._returns,
+            needs_logp=self.config.correction == "vtrace",
+        )
+
     def _batch(self, chunks: list[Chunk]) -> Batch:
         """Advantages and targets of every chunk with the current network, as one flat batch of valid steps.
 
@@ -110,20 +139,12 @@ class PPOLearner(Learner):
                 rows = net.inputs(to_device(_flat_rows(chunk.obs), device))
                 values = net.value(rows).float().cpu().numpy().reshape(chunk.steps + 1, chunk.num_envs)
                 valid = chunk.valid
+                logp = None
                 if cfg.correction == "vtrace":
                     steps_obs = _take_rows(rows, chunk.steps * chunk.num_envs)
                     actions = to_device(np.asarray(chunk.action).reshape(-1, *chunk.action.shape[2:]), device)
                     logp = net.policy(steps_obs).log_prob(actions).cpu().numpy().reshape(chunk.steps, chunk.num_envs)
-                    adv, ret = vtrace(
-                        chunk.reward, values, chunk.terminated, chunk.truncated, valid,
-                        log_ratio=logp - chunk.extras["logp"], discount=cfg.discount, lam=cfg.gae_lambda,
-                        rho_bar=cfg.vtrace_rho_bar, c_bar=cfg.vtrace_c_bar,
-                    )  # fmt: skip
-                else:
-                    adv, ret = gae(
-                        chunk.reward, values, chunk.terminated, chunk.truncated, valid,
-                        discount=cfg.discount, lam=cfg.gae_lambda,
-                    )  # fmt: skip
+                adv, ret = self._returns(chunk, values, logp)
                 if self.tensor_batches:  # the rows are on the device already: pick the valid ones there
                     where = to_device(np.flatnonzero(valid.reshape(-1)), device)
                     obs_parts.append(_take_rows(rows, where))
@@ -144,18 +165,24 @@ class PPOLearner(Learner):
         obs = {k: v.numpy() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.numpy()
         return Batch(obs, *columns)
 
-    def _epochs(self, batch: Batch) -> dict[str, float]:
+    def _epochs(self, batch: Batch | SequenceBatch) -> dict[str, float]:
         cfg = self.config
         totals = {"pg_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         steps = 0
         stopped_early = 0.0
-        n = len(batch)
-        for _ in range(cfg.epochs):
+        sequences = isinstance(batch, SequenceBatch)
+        # A recurrent model's minibatch is whole sequences, about minibatch_size steps of them.
+        n = batch.sequences if isinstance(batch, SequenceBatch) else len(batch)
+        size = max(1, cfg.minibatch_size // cfg.seq_len) if sequences else cfg.minibatch_size
+        for epoch in range(cfg.epochs):
+            if isinstance(batch, SequenceBatch) and cfg.recompute_states and epoch:
+                batch.recompute_states(self.nets.actor_critic, cfg.seq_len)
             permutation = torch.randperm(n, generator=self.generator)  # drawn on the CPU: the same on any device
-            order: Any = permutation.to(self.device) if self.tensor_batches else permutation.numpy()
+            order: Any = permutation.to(self.device) if self.tensor_batches or sequences else permutation.numpy()
             kl_sum, kl_count = 0.0, 0
-            for start in range(0, n, cfg.minibatch_size):
-                metrics = self.step.train_step(batch.take(order[start : start + cfg.minibatch_size]))
+            for start in range(0, n, size):
+                # A sequence batch goes to the torch step only: numpy runs no recurrent model (supports()).
+                metrics = self.step.train_step(batch.take(order[start : start + size]))  # type: ignore[arg-type]
                 for key in totals:
                     totals[key] += metrics[key]
                 kl_sum += metrics["approx_kl"]
@@ -166,6 +193,8 @@ class PPOLearner(Learner):
                 break
         out = {key: value / max(steps, 1) for key, value in totals.items()}
         returns, values = _numpy(batch.returns), _numpy(batch.old_values)
+        if isinstance(batch, SequenceBatch):
+            returns, values = returns[_numpy(batch.mask)], values[_numpy(batch.mask)]
         spread = float(np.var(returns))
         out["explained_variance"] = float(1.0 - np.var(returns - values) / spread) if spread > 0 else 0.0
         out["stopped_early"] = stopped_early

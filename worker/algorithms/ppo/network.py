@@ -74,6 +74,10 @@ class ActorCritic(nn.Module):
         self.log_std: nn.Parameter | None = None
         if isinstance(action_space, gym.spaces.Box):
             self.log_std = nn.Parameter(torch.full((dist_params(action_space),), config.log_std_init))
+        self.state_shapes: dict[str, tuple[int, ...]] = {
+            name: tuple(column.shape) for name, column in algorithm.memory_columns().items()
+        }
+        """A recurrent model: the state per env of each body (``pi.<name>``, ``vf.<name>``); empty otherwise."""
         self.obs_norm: RunningNorm | None = None
         if config.normalize_obs and isinstance(obs_space, gym.spaces.Box) and obs_space.dtype.kind == "f":
             self.obs_norm = RunningNorm(tuple(obs_space.shape))
@@ -107,6 +111,10 @@ class ActorCritic(nn.Module):
         x = obs if isinstance(obs, torch.Tensor) else _tensor(obs)
         return self.obs_norm(x) if self.obs_norm is not None else x
 
+    def policy_from_head(self, head: torch.Tensor) -> Policy:
+        """The policy a head output (``[B, P]``) stands for."""
+        return Policy(self.action_space, head, self.log_std)
+
     def policy(self, x: Any) -> Policy:
         return Policy(self.action_space, self.pi_head(self.pi_body(x)), self.log_std)
 
@@ -121,6 +129,32 @@ class ActorCritic(nn.Module):
         head = self.pi_head(features)
         values = self.vf_head(features if self.vf_body is None else self.vf_body(x)).squeeze(-1)
         return head, values
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(self.state_shapes)
+
+    def zero_state(self, batch: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Every body's state for ``batch`` envs at an episode's start."""
+        return {name: torch.zeros(batch, *shape, device=device) for name, shape in self.state_shapes.items()}
+
+    def forward_sequence(
+        self, x: Any, state: dict[str, torch.Tensor], first: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """A recurrent model's :meth:`forward` over ``[T, B, ...]`` inputs from ``state``, reset where ``first``.
+
+        Returns the policy head's output ``[T, B, P]``, the values ``[T, B]`` and the state after step ``T - 1``.
+        """
+        pi_state = {k.removeprefix("pi."): v for k, v in state.items() if k.startswith("pi.")}
+        features, pi_after = self.pi_body(x, pi_state, first)
+        after = {f"pi.{k}": v for k, v in pi_after.items()}
+        if self.vf_body is None:
+            vf_features = features
+        else:
+            vf_state = {k.removeprefix("vf."): v for k, v in state.items() if k.startswith("vf.")}
+            vf_features, vf_after = self.vf_body(x, vf_state, first)
+            after.update({f"vf.{k}": v for k, v in vf_after.items()})
+        return self.pi_head(features), self.vf_head(vf_features).squeeze(-1), after
 
     def policy_and_value(self, x: Any) -> tuple[Policy, torch.Tensor]:
         """Both at once, the policy as a distribution (the actor's sampling); a shared body runs once."""

@@ -15,12 +15,13 @@ from worker.algorithms.ppo.batch import Batch
 from worker.algorithms.ppo.config import PPOConfig
 from worker.algorithms.ppo.losses import clipped_surrogate, log_prob_entropy, normalized, value_loss
 from worker.algorithms.ppo.network import PPONets
+from worker.algorithms.ppo.sequences import SequenceBatch
 from worker.rl.placement import autocast, to_device, torch_device
 
 __all__ = ["TorchPPOStep"]
 
 
-class TorchPPOStep(TrainStep[Batch]):
+class TorchPPOStep(TrainStep[Batch | SequenceBatch]):
     """One gradient step on a minibatch, at the optimizer's learning rate."""
 
     def __init__(self, config: PPOConfig, nets: PPONets) -> None:
@@ -28,22 +29,36 @@ class TorchPPOStep(TrainStep[Batch]):
         self._params = list(nets.actor_critic.parameters())
         self._device = torch_device(nets.placement)
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        """Returns ``pg_loss``, ``value_loss``, ``entropy``, ``approx_kl`` and ``clip_fraction`` of the minibatch."""
+    def train_step(self, batch: Batch | SequenceBatch) -> dict[str, float]:
+        """Returns ``pg_loss``, ``value_loss``, ``entropy``, ``approx_kl`` and ``clip_fraction`` of the minibatch.
+
+        A :class:`~.sequences.SequenceBatch` (a recurrent model) runs each sequence from its start
+        state; the losses then average over its real steps (``mask``) alone.
+        """
         cfg, net, optimizer = self.config, self.nets.actor_critic, self.nets.optimizer
         device = self._device
-        advantages = to_device(batch.advantages, device)
-        if cfg.normalize_advantage and len(batch) > 1:
-            advantages = normalized(advantages)
-        old_logp = to_device(batch.old_logp, device)
         with autocast(self.nets.placement):
-            head, values = net(to_device(batch.obs, device))
+            if isinstance(batch, SequenceBatch):
+                head, values, _ = net.forward_sequence(batch.obs, batch.state, batch.first)
+            else:
+                head, values = net(to_device(batch.obs, device))
         head, values = head.float(), values.float()  # the losses in fp32 (bf16 autocast: the network's passes only)
-        logp, entropy = log_prob_entropy(net.action_space, head, net.log_std, to_device(batch.actions, device))
+        columns = (batch.actions, batch.old_logp, batch.old_values, batch.advantages, batch.returns)
+        actions, old_logp, old_values, advantages, returns = (to_device(c, device) for c in columns)
+        if isinstance(batch, SequenceBatch):
+            mask = batch.mask
+            head, values, actions = head[mask], values[mask], actions[mask]
+            old_logp, old_values, advantages, returns = (
+                old_logp[mask],
+                old_values[mask],
+                advantages[mask],
+                returns[mask],
+            )
+        if cfg.normalize_advantage and len(advantages) > 1:
+            advantages = normalized(advantages)
+        logp, entropy = log_prob_entropy(net.action_space, head, net.log_std, actions)
         pg_loss, clip_fraction = clipped_surrogate(logp, old_logp, advantages, cfg.clip_range)
-        v_loss = value_loss(
-            values, to_device(batch.old_values, device), to_device(batch.returns, device), cfg.clip_range_vf
-        )
+        v_loss = value_loss(values, old_values, returns, cfg.clip_range_vf)
         mean_entropy = entropy.mean()
         loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * mean_entropy
         optimizer.zero_grad(set_to_none=True)
