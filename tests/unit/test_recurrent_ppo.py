@@ -263,3 +263,15 @@ def test_a_model_whose_state_is_not_its_declared_shapes_fails_where_it_is_built_
 
     with pytest.raises(PluginFailed, match=r"returned the state \{'n': \(2, 3\)\}; its state_shapes make it"):
         Model(Liar(), NoConfig(), "liar").encoder(SPACES.observation)
+
+
+def test_warren_checks_steps_and_update_pass_for_the_shipped_recurrent_job_whose_rate_limit_is_below_them() -> None:
+    from pathlib import Path
+
+    from worker.cli.check import CHECK_STEPS, steps_and_update
+    from worker.job import JobConfig
+
+    job = JobConfig.load(Path(__file__).resolve().parents[2] / "configs" / "cartpole_novel_ppo_lstm.toml")
+    assert job.coordinator.max_run_ahead_samples < CHECK_STEPS
+    # The check's collect task of CHECK_STEPS starts, the LSTM acts, and the learner's sequences update once
+    assert "update 1:" in steps_and_update(job)

@@ -274,7 +274,14 @@ def steps_and_update(job: Any, progress: Callable[[str], None] = lambda done: No
     from worker.inprocess import InProcessJob
 
     small = replace(job.env, collector_env_num=min(job.env.collector_env_num, 16))
-    job = replace(job, env=small, collector=replace(job.collector, n_sample=CHECK_STEPS))
+    # The check's one collect task of CHECK_STEPS runs in-process; the job's rate limit must let it start.
+    ahead = max(job.coordinator.max_run_ahead_samples, CHECK_STEPS)
+    job = replace(
+        job,
+        env=small,
+        collector=replace(job.collector, n_sample=CHECK_STEPS),
+        coordinator=replace(job.coordinator, max_run_ahead_samples=ahead),
+    )
     run = InProcessJob(job)
     start = time.perf_counter()
     try:

@@ -40,9 +40,12 @@ class GymnasiumEnvs(EnvPlugin):
     """gymnasium's registry as an env plug-in; ``env_id`` is the registered id, ``kwargs`` go to ``gym.make``."""
 
     def make_env(self, ctx: EnvContext) -> gym.Env[Any, Any]:
+        """One env; kwargs only the id's vector entry point takes (ale-py's ``stack_num``) are the vector env's."""
         check_registered(ctx.env_id)
+        spec = gym.spec(ctx.env_id)
+        vector_only = _vector_only(spec, set(ctx.kwargs))
         try:
-            return gym.make(ctx.env_id, **dict(ctx.kwargs))
+            return gym.make(ctx.env_id, **{k: v for k, v in ctx.kwargs.items() if k not in vector_only})
         except (gym.error.Error, TypeError) as exc:
             raise Refusal.UNKNOWN_ENV.error(f"cannot create env {ctx.env_id!r}: {exc}") from exc
 
@@ -77,6 +80,28 @@ def check_registered(env_id: str) -> None:
             f"unknown env id {env_id!r}: not in the gymnasium registry "
             "(a module that registers it is imported where WARREN_ENV_PACKAGES names it)"
         )
+
+
+def _parameters(entry: Any) -> dict[str, inspect.Parameter] | None:
+    """The named parameters of an entry point (``None``: unknown, or it takes ``**kwargs``)."""
+    try:
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+        parameters = dict(inspect.signature(creator).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return parameters
+
+
+def _vector_only(spec: gym.envs.registration.EnvSpec, keys: set[str]) -> set[str]:
+    """Of ``keys``, those the id's vector entry point takes and its single env's entry point does not."""
+    if spec.vector_entry_point is None or not keys:
+        return set()
+    single, vector = _parameters(spec.entry_point), _parameters(spec.vector_entry_point)
+    if single is None or vector is None:
+        return set()
+    return {key for key in keys if key in vector and key not in single and key not in (spec.kwargs or {})}
 
 
 def _takes_threads(spec: gym.envs.registration.EnvSpec) -> bool:
