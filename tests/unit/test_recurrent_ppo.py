@@ -275,3 +275,20 @@ def test_warren_checks_steps_and_update_pass_for_the_shipped_recurrent_job_whose
     assert job.coordinator.max_run_ahead_samples < CHECK_STEPS
     # The check's collect task of CHECK_STEPS starts, the LSTM acts, and the learner's sequences update once
     assert "update 1:" in steps_and_update(job)
+
+
+def test_rewards_are_scaled_by_the_running_std_of_their_discounted_sums_reset_at_episode_ends() -> None:
+    from worker.algorithms.ppo.reward_scale import RewardScale
+
+    # Given one env's chunk of rewards 1, 1, 1 whose episode ends at step 1, discount 0.5
+    algorithm = counting_ppo()
+    layout = ChunkLayout.of_algorithm(algorithm)
+    fields = chunk_fields(layout, SPACES, 3, 1)
+    fields["reward"][:] = 1.0
+    fields["done"][1, 0] = True
+    scale = RewardScale(0.5)
+    # When its sums are taken in: 1, then 1 x 0.5 + 1 = 1.5 (the episode ends), then 1 again
+    scale.update(read_chunk(fields, layout, SPACES, 0))
+    # Then the variance is theirs, (1 + 2.25 + 1) / 3 - (7 / 6)^2 (the prior weighs 1e-4 samples)
+    assert scale.var == pytest.approx((1 + 2.25 + 1) / 3 - (7 / 6) ** 2, rel=5e-3)
+    assert scale.scale == pytest.approx(math.sqrt(scale.var), rel=1e-6)

@@ -112,6 +112,7 @@ class Policy:
         steps = header.env_steps
         if steps is None:
             steps = int(header.section("coordinator").get("max_env_steps") or 0)
+        self._memory = algorithm.memory_columns()
         self.explore_settings: Mapping[str, float] = algorithm.collect_settings(steps)
         """What ``deterministic=False`` gives the actor: the job's collect settings at the best eval's env steps
         (else at the end of the run's budget)."""
@@ -137,7 +138,7 @@ class Policy:
     @property
     def has_memory(self) -> bool:
         """A recurrent policy (model ``lstm``): each act continues the episodes of the previous one."""
-        return bool(self.algorithm.memory_columns())
+        return bool(self._memory)
 
     def reset(self, envs: int = 1) -> None:
         """Begin new episodes in ``envs`` envs: a policy with memory forgets what it saw (no-op without memory).
@@ -145,7 +146,7 @@ class Policy:
         A policy with memory treats consecutive :meth:`act` calls as consecutive steps of
         the same episodes, one per row of the batch; call this when they begin.
         """
-        zeros = {name: np.zeros((envs, *c.shape), dtype=c.dtype) for name, c in self.algorithm.memory_columns().items()}
+        zeros = {name: np.zeros((envs, *c.shape), dtype=c.dtype) for name, c in self._memory.items()}
         if zeros:
             self.actor.set_memory(zeros)
 

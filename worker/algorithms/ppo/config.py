@@ -33,6 +33,8 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     normalize_advantage: bool = True
     """Normalise advantages per minibatch."""
+    normalize_reward: bool = False
+    """Divide rewards by the running standard deviation of their discounted sums (SB3's ``VecNormalize``)."""
     normalize_obs: bool = False
     """Normalise float observations by running mean and variance (statistics travel to the actors with the weights)."""
     shared_body: bool = False
@@ -92,7 +94,9 @@ class PPOConfig:
         ):
             value = check_float(getattr(self, name), f"{p}.{name}", flo, fhi, lo_open=lo_open)
             object.__setattr__(self, name, value)
-        for name in ("normalize_advantage", "normalize_obs", "shared_body", "ortho_init", "recompute_states"):
+        for name in (
+            "normalize_advantage", "normalize_reward", "normalize_obs", "shared_body", "ortho_init", "recompute_states"
+        ):  # fmt: skip
             object.__setattr__(self, name, check_bool(getattr(self, name), f"{p}.{name}"))
         if self.backend not in ("auto", "torch", "numpy"):
             raise ValueError(f"{p}.backend must be auto, torch or numpy, got {self.backend!r}")

@@ -28,6 +28,7 @@ from worker.algorithms.ppo.config import PPOConfig
 from worker.algorithms.ppo.network import PPONets
 from worker.algorithms.ppo.numpy_step import NumpyPPOStep, supports
 from worker.algorithms.ppo.returns import gae, vtrace
+from worker.algorithms.ppo.reward_scale import RewardScale
 from worker.algorithms.ppo.sequences import SequenceBatch
 from worker.algorithms.ppo.torch_step import TorchPPOStep
 from worker.algorithms.weights import check_fits
@@ -50,6 +51,9 @@ class PPOLearner(Learner):
         self.step = pick_step(
             self.config, self.nets, supports(self.nets), NumpyPPOStep, TorchPPOStep, device=self.nets.placement.device
         )
+        self.reward_scale = RewardScale(self.config.discount) if self.config.normalize_reward else None
+        self._scale = 1.0
+        """What this update divides rewards by (``normalize_reward``)."""
         self.generator = torch.Generator().manual_seed(seed)
         self.pending: list[Chunk] = []
         self.pending_steps = 0
@@ -81,9 +85,14 @@ class PPOLearner(Learner):
         self.step.sync(policy_only=True)  # the batch's values come from the newest weights
         # The batch is normalised with the statistics its actors had; this batch's
         # observations go into the statistics after the update, for the next version.
+        self._scale = self.reward_scale.scale if self.reward_scale is not None else 1.0
         batch = self._sequences(chunks) if net.recurrent else self._batch(chunks)
         lr = self._set_lr()
         metrics = self._epochs(batch)
+        if self.reward_scale is not None:
+            for chunk in chunks:
+                self.reward_scale.update(chunk)
+            metrics["reward_scale"] = self._scale
         if net.obs_norm is not None:
             for chunk in chunks:
                 net.obs_norm.update(to_device(_valid_rows(chunk.obs, chunk.valid), self.device))
@@ -103,15 +112,16 @@ class PPOLearner(Learner):
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """The chunk's advantages and value targets from its rows' values (and, for V-trace, the policy's log-probs)."""
         cfg = self.config
+        reward = chunk.reward if self._scale == 1.0 else (chunk.reward / np.float32(self._scale)).astype(np.float32)
         if cfg.correction == "vtrace":
             assert logp is not None
             return vtrace(
-                chunk.reward, values, chunk.terminated, chunk.truncated, chunk.valid,
+                reward, values, chunk.terminated, chunk.truncated, chunk.valid,
                 log_ratio=logp - chunk.extras["logp"], discount=cfg.discount, lam=cfg.gae_lambda,
                 rho_bar=cfg.vtrace_rho_bar, c_bar=cfg.vtrace_c_bar,
             )  # fmt: skip
         return gae(
-            chunk.reward, values, chunk.terminated, chunk.truncated, chunk.valid,
+            reward, values, chunk.terminated, chunk.truncated, chunk.valid,
             discount=cfg.discount, lam=cfg.gae_lambda,
         )  # fmt: skip
 
@@ -218,6 +228,9 @@ class PPOLearner(Learner):
                 out[f"adam.{i}.exp_avg_sq"] = state["exp_avg_sq"].detach().cpu().clone()
                 out[f"adam.{i}.step"] = torch.as_tensor(state["step"], dtype=torch.float32).cpu().clone()
         out["samples"] = torch.tensor(float(self.samples), dtype=torch.float64)
+        if self.reward_scale is not None:
+            scale = self.reward_scale
+            out["reward_scale"] = torch.tensor([scale.mean, scale.var, scale.count], dtype=torch.float64)
         return out
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
@@ -241,6 +254,9 @@ class PPOLearner(Learner):
                 )
         self.step.reload()
         self.samples = int(float(tensors["samples"])) if "samples" in tensors else 0
+        if self.reward_scale is not None and "reward_scale" in tensors:
+            mean, var, count = (float(v) for v in tensors["reward_scale"].tolist())
+            self.reward_scale.mean, self.reward_scale.var, self.reward_scale.count = mean, var, count
         self.version = version
 
 
