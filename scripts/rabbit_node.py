@@ -472,11 +472,19 @@ def stop_standalone(data: Path, timeout_s: float = STOP_TIMEOUT_S) -> bool:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     # The start script of a node that never wrote its pid file, and the node's own epmd.
-    for program in ("beam.smp", "epmd"):
-        for pid in marked_pids(layout.marker, layout.dir, program):
+    # SIGKILL is delivered, not done, and a VM that was shutting down may still have been
+    # starting its port-mapper: scan and kill until nothing of the node is left (bounded),
+    # so a caller that looks right after the stop finds nothing running.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [pid for program in ("beam.smp", "epmd") for pid in marked_pids(layout.marker, layout.dir, program)]
+        if not left or time.monotonic() > deadline:
+            break
+        for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 stopped = True
+        time.sleep(0.05)
     with contextlib.suppress(OSError):
         (data / ENV_FILE).unlink()
     return stopped
