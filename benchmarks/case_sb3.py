@@ -25,6 +25,8 @@ stop value of the runs that reached it is a third row, with how many did.
 ``python -m benchmarks --cases sb3`` runs the quick jobs (:data:`DEFAULT_JOBS`, 3 seeds);
 ``python -m benchmarks.case_sb3 --jobs lunarlander_ppo,pendulum_sac --seeds 0 1 2 3 4``
 any of :data:`JOBS`, with their budgets (the long ones take hours on 2 cores).
+``--sides warren --warren-set SECTION.KEY=VALUE`` runs warren's side alone on a variant of a
+job (a setting measured both ways), each run recorded with the settings it changed.
 
 It is one case, over 400 lines: running both sides, reading their evaluations the same
 way and comparing them are the one rule above, and split they would only restate it.
@@ -111,6 +113,9 @@ def job_settings(job: Job) -> dict[str, Any]:
     }
 
 
+#: Who runs: warren's side and SB3's.
+SIDES = ("warren", "sb3")
+
 #: The exit codes of a run that ended as planned: 0 at the stop value, 3 when its budget ran out (both sides).
 FINISHED = (0, 3)
 
@@ -125,14 +130,19 @@ def run_bounded(argv: list[str], env: dict[str, str], budget_s: float) -> subpro
         return subprocess.CompletedProcess(argv, -9, out, f"{err}\nkilled: still running {budget_s + 180:g} s in")
 
 
-def run_warren(
-    job: Job, seed: int, workdir: Path, amqp_url: str, prefix: str
-) -> tuple[subprocess.CompletedProcess[str], list[Eval]]:
-    argv = procs.python_module(
+def warren_argv(job: Job, seed: int, workdir: Path, prefix: str, overrides: tuple[str, ...] = ()) -> list[str]:
+    """The command of one warren run of ``job``; ``overrides`` (``SECTION.KEY=VALUE``) go as ``--set``."""
+    return procs.python_module(
         "worker.cli", "run", "--config", str(CONFIGS / job.config), "--collectors", "2", "--seed", str(seed),
         "--prefix", prefix, "--workdir", str(workdir), "--progress", "off", "--log-level", "WARNING",
-        "--max-time-s", str(job.budget_s),
+        "--max-time-s", str(job.budget_s), *(arg for o in overrides for arg in ("--set", o)),
     )  # fmt: skip
+
+
+def run_warren(
+    job: Job, seed: int, workdir: Path, amqp_url: str, prefix: str, *, overrides: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], list[Eval]]:
+    argv = warren_argv(job, seed, workdir, prefix, overrides)
     env = {**os.environ, "WARREN_AMQP_URL": amqp_url, "PYTHONPATH": str(procs.REPO_ROOT)}
     started = time.time()
     done = run_bounded(argv, env, job.budget_s)
@@ -268,21 +278,26 @@ def compare(
     prefix: str,
     sb3_at_once: int = 1,
     budget_s: float | None = None,
+    sides: tuple[str, ...] = SIDES,
+    overrides: tuple[str, ...] = (),
     out: Path | None = None,
     log: Any = print,
 ) -> tuple[list[Row], list[dict[str, Any]]]:
-    """Every job on every seed, both sides: the table's rows and every run's record.
+    """Every job on every seed, on ``sides``: the table's rows and every run's record.
 
-    ``budget_s`` replaces each job's own budget; ``out`` gets the JSON of what is done
-    after each job (a run of hours keeps what it measured if it is stopped).
+    ``budget_s`` replaces each job's own budget; ``overrides`` change warren's job settings
+    (a variant of a shipped job, such as one setting measured both ways: warren's side
+    alone then); ``out`` gets the JSON of what is done after each job (a run of hours keeps
+    what it measured if it is stopped).
     """
     rows: list[Row] = []
     runs: list[dict[str, Any]] = []
     for name in jobs:
         job = JOBS[name] if budget_s is None else dataclasses.replace(JOBS[name], budget_s=budget_s)
         job_rows_, job_runs = compare_job(
-            name, job, seeds, workdir / prefix, amqp_url=amqp_url, prefix=prefix, sb3_at_once=sb3_at_once, log=log
-        )
+            name, job, seeds, workdir / prefix, amqp_url=amqp_url, prefix=prefix, sb3_at_once=sb3_at_once,
+            sides=sides, overrides=overrides, log=log,
+        )  # fmt: skip
         rows.extend(job_rows_)
         runs.extend(job_runs)
         if out is not None:
@@ -299,6 +314,8 @@ def compare_job(
     amqp_url: str,
     prefix: str,
     sb3_at_once: int,
+    sides: tuple[str, ...] = SIDES,
+    overrides: tuple[str, ...] = (),
     log: Any,
 ) -> tuple[list[Row], list[dict[str, Any]]]:
     """One job on every seed, both sides, alternating which goes first; warren's runs in ``workdir/<name>-<seed>``.
@@ -315,26 +332,33 @@ def compare_job(
     def record(side: str, seed: int, done: subprocess.CompletedProcess[str], evals: list[Eval]) -> None:
         result = outcome(side, seed, done, evals, stop_value=settings["stop_value"], within_s=within_s)
         result["job"] = name
+        if side == "warren" and overrides:
+            result["overrides"] = list(overrides)
         results[side].append(result)
         log(f"{name} seed {seed} {side}: {shown(result)}")
 
     def warren(seed: int) -> None:
         # The job's index, not its name, in the queue prefix: warren adds a run id, and the whole stays under 64.
         run_prefix = f"{prefix}-{list(JOBS).index(name)}-{seed}"
-        record("warren", seed, *run_warren(job, seed, workdir / f"{name}-{seed}", amqp_url, run_prefix))
+        record(
+            "warren",
+            seed,
+            *run_warren(job, seed, workdir / f"{name}-{seed}", amqp_url, run_prefix, overrides=overrides),
+        )
 
     def sb3(seed: int) -> tuple[subprocess.CompletedProcess[str], list[Eval]]:
         return run_sb3(job, seed, settings)
 
     if sb3_at_once > 1:
-        for seed in seeds:
+        for seed in seeds if "warren" in sides else []:
             warren(seed)
         with ThreadPoolExecutor(max_workers=sb3_at_once) as pool:
-            for seed, (done, evals) in zip(seeds, pool.map(sb3, seeds), strict=True):
+            for seed, (done, evals) in zip(seeds, pool.map(sb3, seeds if "sb3" in sides else []), strict=False):
                 record("sb3", seed, done, evals)
     else:
         for i, seed in enumerate(seeds):
-            for side in ["warren", "sb3"] if i % 2 == 0 else ["sb3", "warren"]:
+            order = ["warren", "sb3"] if i % 2 == 0 else ["sb3", "warren"]
+            for side in (s for s in order if s in sides):
                 if side == "warren":
                     warren(seed)
                 else:
@@ -389,6 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sb3-at-once", type=int, default=1, help="SB3 runs of a job at a time, after warren's (default 1: alternate)"
     )
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated, of: warren,sb3 (default both)")
+    parser.add_argument(
+        "--warren-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a setting of warren's job changed (as warren run --set; repeatable), recorded with each run",
+    )
     parser.add_argument(
         "--sb3-threads", type=int, default=0, help="SB3's torch threads (default 0: its own default, as users run it)"
     )
@@ -401,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--budget-s must be positive")
     if args.sb3_at_once < 1:
         parser.error("--sb3-at-once must be at least 1")
+    sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
+    if not sides or any(s not in SIDES for s in sides):
+        parser.error(f"--sides takes a comma-separated list of {','.join(SIDES)}, got {args.sides!r}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     SB3_THREADS["threads"] = max(0, args.sb3_threads)
     prefix = f"bench-sb3-{int(time.time())}"
@@ -416,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         prefix=prefix,
         sb3_at_once=args.sb3_at_once,
         budget_s=args.budget_s,
+        sides=sides,
+        overrides=tuple(args.warren_set),
         out=args.out,
         log=log,
     )

@@ -317,3 +317,23 @@ def test_the_collection_case_measures_the_steady_window_the_busy_share_and_cpu_p
     assert got["in_task_steps_s"] == pytest.approx(1000.0)
     # and CPU per env step is the role's CPU over the window per step counted in it
     assert got["cpu_us_collectors"] == pytest.approx(0.5 * 3.75 / 6000 * 1e6)
+
+
+def test_a_variant_of_a_shipped_job_is_run_with_each_changed_setting_given_to_warren_as_set() -> None:
+    from benchmarks.case_sb3 import JOBS, warren_argv
+
+    argv = warren_argv(
+        JOBS["cartpole_novel_ppo_lstm"], 1, Path("/tmp/x"), "p", ("algorithm.recompute_states=true", "env.seed=3")
+    )
+    assert argv[argv.index("--config") + 1].endswith("configs/cartpole_novel_ppo_lstm.toml")
+    sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+    assert sets == ["algorithm.recompute_states=true", "env.seed=3"]
+    assert "--set" not in warren_argv(JOBS["cartpole_novel_ppo_lstm"], 1, Path("/tmp/x"), "p")
+
+
+def test_the_sb3_case_refuses_sides_it_does_not_know() -> None:
+    from benchmarks.case_sb3 import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--jobs", "cartpole_novel_ppo_lstm", "--sides", "warren,sb2"])
+    assert refused.value.code == 2

@@ -62,9 +62,7 @@ class PPOActor(Actor):
         return Policy(self.net.action_space, head[0], self.net.log_std), values[0]
 
     def memory(self) -> dict[str, npt.NDArray[np.float32]] | None:
-        if not self.net.recurrent:
-            return None
-        if self._state is None:
+        if not self.net.recurrent or self._state is None:
             return None
         return {name: t.numpy().copy() for name, t in self._state.items()}
 
