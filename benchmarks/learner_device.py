@@ -58,12 +58,17 @@ DQN_SETTINGS = {
 ENVS, STEPS = 8, 128
 
 
-def sections(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A job file's ``[algorithm]`` and ``[model]`` settings (without their names)."""
+def sections(path: Path) -> tuple[dict[str, Any], str, dict[str, Any], int]:
+    """A job file's ``[algorithm]`` settings, its model's name and settings, and its frames per observation.
+
+    The frames are ale-py's ``stack_num`` (4 unless the job's ``env.kwargs`` say otherwise:
+    ``pong_ppo_lstm`` sees one frame a step).
+    """
     data = tomllib.loads(path.read_text())
     algorithm = {k: v for k, v in data.get("algorithm", {}).items() if k != "name"}
     model = {k: v for k, v in data.get("model", {}).items() if k != "name"}
-    return algorithm, model
+    stack = int(data.get("env", {}).get("kwargs", {}).get("stack_num", PONG[0][0]))
+    return algorithm, str(data.get("model", {}).get("name", "nature_cnn")), model, stack
 
 
 def algorithm(name: str, spaces: Any, model: str, model_config: dict[str, Any], config: dict[str, Any]) -> Any:
@@ -73,19 +78,20 @@ def algorithm(name: str, spaces: Any, model: str, model_config: dict[str, Any], 
     return build_algorithm(installed(), spaces, algorithm=name, config=config, model=model, model_config=model_config)
 
 
-def pong_spaces() -> Any:
+def pong_spaces(stack: int = PONG[0][0]) -> Any:
     from worker.plugins.spaces import Spaces
 
-    (shape, actions) = PONG
-    return Spaces(gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(actions))
+    (_, height, width), actions = PONG
+    return Spaces(gym.spaces.Box(0, 255, (stack, height, width), np.uint8), gym.spaces.Discrete(actions))
 
 
 def pong_chunks(algo: Any, count: int, steps: int = STEPS, envs: int = ENVS, seed: int = 0) -> list[Any]:
-    """Chunks as Pong's collectors make them: stacks of 4 frames, each row's the last row's shifted by one new frame."""
+    """Chunks as Pong's collectors make them: stacks of frames, each row's the last row's shifted by one new frame;
+    with a recurrent model, a zero state at each chunk's first step (as an episode's start)."""
     from worker.plugins.contract import Chunk
 
     rng = np.random.default_rng(seed)
-    stack, height, width = PONG[0]
+    stack, height, width = algo.spaces.observation.shape
     out = []
     frames = rng.integers(0, 256, (envs, stack, height, width), dtype=np.uint8)
     for _ in range(count):
@@ -109,6 +115,9 @@ def pong_chunks(algo: Any, count: int, steps: int = STEPS, envs: int = ENVS, see
                 np.ones((steps, envs), bool),
                 extras,
                 0,
+                state={
+                    name: np.zeros((envs, *column.shape), np.float32) for name, column in algo.memory_columns().items()
+                },
             )
         )
     return out
@@ -145,10 +154,10 @@ def placement(device: str, autocast: str = "off", device_replay: bool = False) -
 
 
 def ppo_case(args: argparse.Namespace, job: Path, autocast: str) -> dict[str, Any]:
-    config, model = sections(job)
+    config, model_name, model, stack = sections(job)
     if args.quick:
         config.update(batch_steps=256, minibatch_size=128, epochs=1)
-    algo = algorithm("ppo", pong_spaces(), "nature_cnn", model, {**config, "backend": "torch"})
+    algo = algorithm("ppo", pong_spaces(stack), model_name, model, {**config, "backend": "torch"})
     learner = algo.make_learner(seed=0, placement=placement(args.device, autocast))
     steps = STEPS if not args.quick else 32
     per_batch = -(-algo.config.batch_steps // (steps * ENVS))
@@ -201,7 +210,7 @@ def sac_case(args: argparse.Namespace) -> dict[str, Any]:
     from worker.plugins.contract import Chunk
     from worker.plugins.spaces import Spaces
 
-    config, model = sections(SAC_JOB)
+    config, _, model, _ = sections(SAC_JOB)
     obs_dim, act_dim = HALFCHEETAH
     spaces = Spaces(
         gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32), gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32)
@@ -290,13 +299,20 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 runs.append((tag, functools.partial(sac_case, args)))
         for tag, run in runs:
-            result = run()
+            try:
+                result = run()
+            except Exception as exc:
+                # One case that fails (a kernel the device lacks) costs its row, not the others' figures.
+                results[tag] = {"error": f"{type(exc).__name__}: {exc}"}
+                print(f"{tag:<24} failed: {results[tag]['error']}", flush=True)
+                continue
             results[tag] = result
             rate = result["learned_env_steps_per_s"]
             print(f"{tag:<24} {rate:>12,.0f} env steps/s learned   {result['what']}", flush=True)
-    for tag, result in results.items():  # the same updates from the same start, in bf16 and in fp32
-        if tag.endswith("-bf16") and tag.removesuffix("-bf16") in results:
-            result["weight_drift_from_fp32"] = drift(results[tag.removesuffix("-bf16")]["weights"], result["weights"])
+    timed = {tag: result for tag, result in results.items() if "error" not in result}
+    for tag, result in timed.items():  # the same updates from the same start, in bf16 and in fp32
+        if tag.endswith("-bf16") and tag.removesuffix("-bf16") in timed:
+            result["weight_drift_from_fp32"] = drift(timed[tag.removesuffix("-bf16")]["weights"], result["weights"])
             print(f"{tag:<24} weights {result['weight_drift_from_fp32']:.2e} from fp32's (largest relative difference)")
     for result in results.values():
         result.pop("weights", None)
@@ -314,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return 1 if len(timed) < len(results) else 0
 
 
 if __name__ == "__main__":

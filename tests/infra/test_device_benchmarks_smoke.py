@@ -21,18 +21,38 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_learner_alone_benchmark_times_ppo_dqn_and_sac_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "learner.json"
+    jobs = "configs/pong_ppo.toml,configs/pong_ppo_lstm.toml"  # the second: one frame a step and an LSTM
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.learner_device", "--quick", "--threads", "1", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.learner_device", "--quick", "--threads", "1", "--jobs", jobs,
+         "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and report["torch_threads"] == 1
-    assert set(report["results"]) == {"ppo", "dqn", "sac"}
+    assert set(report["results"]) == {"ppo", "ppo[pong_ppo_lstm]", "dqn", "sac"}
     for result in report["results"].values():
         assert result["learned_env_steps_per_s"] > 0
     assert "NumpySACStep" in report["results"]["sac"]["what"]  # the CPU runs the numpy step, as warren does
     assert "learned" in done.stdout
+
+
+def test_a_learner_alone_case_that_fails_costs_its_row_only_and_the_exit_code(tmp_path: Path) -> None:
+    # Given a second PPO job whose model is not installed
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[algorithm]\nname = "ppo"\n\n[model]\nname = "no-such-model"\n')
+    out = tmp_path / "learner.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.learner_device", "--quick", "--threads", "1", "--cases", "ppo",
+         "--jobs", f"configs/pong_ppo.toml,{broken}", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    # Then the first job is still timed, the broken one is an error naming the model, and the run says it failed
+    assert done.returncode == 1, done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert results["ppo"]["learned_env_steps_per_s"] > 0
+    assert "no-such-model" in results["ppo[broken]"]["error"]
+    assert "ppo[broken]" in done.stdout and "failed:" in done.stdout
 
 
 def test_the_collector_threads_benchmark_measures_a_pong_collector(tmp_path: Path) -> None:
