@@ -18,6 +18,11 @@ This module is the request handlers and the worker's lifecycle. A start task is 
 :class:`~worker.collector.run.CollectorRun`, in envs the worker keeps between collect
 tasks (:mod:`~worker.collector.envs`); ``resource`` replies measure the machine with
 :mod:`~worker.collector.resources`.
+
+It is one piece, just over 400 lines: every handler reads or changes the same state (the
+task running, the ended tasks waiting for their close, and the shared queue's consumer,
+paused and resumed as tasks start and end); split apart, each part would reach back into
+the other's.
 """
 
 from __future__ import annotations
