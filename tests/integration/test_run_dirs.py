@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,13 @@ def summary_of(workdir: Path) -> dict[str, Any]:
     return summary
 
 
+def updates_when_stopped(learner_log: str) -> int:
+    """The updates the learner counted as it stopped (its last words in ``learner_log``)."""
+    counts = re.findall(r"learner stopped after (\d+) updates", learner_log)
+    assert counts, learner_log[-2000:]
+    return int(counts[-1])
+
+
 @pytest.mark.slow
 def test_a_reused_run_name_is_refused_and_resume_continues_counters_policy_and_logs(
     settings: Settings, tmp_path: Path
@@ -68,6 +76,7 @@ def test_a_reused_run_name_is_refused_and_resume_continues_counters_policy_and_l
     assert first.returncode == 3, first.stderr[-3000:]
     before = summary_of(workdir)
     learner_log = (workdir / "logs" / "learner.log").read_text()
+    assert before["learner_train_steps"] == updates_when_stopped(learner_log) > 0  # its last, not a lagging count
     # When the same name is run again without --resume, it is refused and changes nothing
     refused = warren_run(settings, tmp_path, "--name", "again", *budget, "20000")
     assert refused.returncode == 2 and "--resume continues it" in refused.stderr
@@ -85,6 +94,7 @@ def test_a_reused_run_name_is_refused_and_resume_continues_counters_policy_and_l
     # and the logs of both runs are there, the first run's first
     log = (workdir / "logs" / "learner.log").read_text()
     assert log.startswith(learner_log) and "resumed from the checkpoint at policy version" in log[len(learner_log) :]
+    assert after["learner_train_steps"] == updates_when_stopped(log[len(learner_log) :])
     assert state_of(workdir) is RunState.ENDED
 
 

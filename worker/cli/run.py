@@ -182,8 +182,10 @@ def run(args: argparse.Namespace) -> int:
     if failure is not None:
         return fatal(failure, ExitCode.FAILED)
     summary["children_exit_codes"] = codes
-    # Read again now that the learner stopped: a run that missed its stop value leaves what it wrote last.
+    # Read again now that the learner stopped: a run that missed its stop value leaves what it wrote last,
+    # and the learner's counters count its last updates.
     summary["policy_left"] = coordinator.policy_left()
+    summary.update(coordinator.learner_left())
     summary["children_pids"] = {name: proc.pid for name, proc in children.procs.items()}
     summary["workdir"] = str(workdir)
     (workdir / "summary.json").write_text(json_text.dumps(summary, indent=2))

@@ -39,7 +39,7 @@ from worker.coordinator.roster import Roster, job_requirements
 from worker.coordinator.schedule import Schedule
 from worker.coordinator.stats import RunStats
 from worker.coordinator.stop_rule import StopRule
-from worker.coordinator.summary import run_summary
+from worker.coordinator.summary import learner_counts, run_summary
 from worker.coordinator.task import Kind, State, Task, Timeouts
 from worker.coordinator.telemetry import RunTelemetry
 from worker.job import job_plugins
@@ -250,6 +250,16 @@ class Coordinator:
         if version is not None:
             self._policy_left = version
         return self._policy_left
+
+    def learner_left(self) -> dict[str, Any]:
+        """The summary's learner counters, read again: once the learner stopped, its last.
+
+        The learner writes them with each policy write and as it stops; the summary made as
+        the run ended may be up to a policy write interval behind (zero updates, for a short
+        run whose learner started late), so ``warren run`` reads them again after stopping it.
+        """
+        self._read_learner_counters()
+        return learner_counts(self.stats)
 
     def abort(self, reason: str) -> None:
         """End the run as failed (from any thread): the job cannot succeed, say why and stop."""

@@ -28,7 +28,6 @@ def run_summary(
     not visible from here): after a success the evaluated one, kept; otherwise the
     learner's newest then. ``policy_iter`` is the newest version seen in the data.
     """
-    learner, ratio = stats.learner, stats.replay_ratio()
     return {
         "success": success,
         "reason": reason,
@@ -50,9 +49,21 @@ def run_summary(
         "confirm_eval": None if confirmed is None else confirmed[1],
         "best_eval_policy": stats.best_eval_policy,
         "policy_left": policy_left,
-        "replay_ratio": None if ratio is None else round(ratio, 4),
         "replay_ratio_configured": job.bound.replay_ratio,
+        **learner_counts(stats),
+        "workers_seen": sorted(stats.workers),
+    }
+
+
+def learner_counts(stats: RunStats) -> dict[str, Any]:
+    """What the learner says it did: its train steps, the samples they learned from, and their ratio.
+
+    ``None`` each while the learner's counters are unknown (not written since the run
+    started, or not visible from here).
+    """
+    learner, ratio = stats.learner, stats.replay_ratio()
+    return {
+        "replay_ratio": None if ratio is None else round(ratio, 4),
         "learner_train_steps": None if learner is None else learner.train_steps,
         "learner_samples": None if learner is None else learner.samples,
-        "workers_seen": sorted(stats.workers),
     }
