@@ -1,4 +1,8 @@
-"""The run's summary: what ``summary.json``, the run log's last record and ``warren run``'s output say of it."""
+"""The run's summary: what ``summary.json``, the run log's last record and ``warren run``'s output say of it.
+
+The run log's record is made as the coordinator ends; ``warren run`` then stops the learner
+and reads its counters and policy version again for ``summary.json`` and its output.
+"""
 
 from __future__ import annotations
 
