@@ -495,6 +495,26 @@ def test_a_task_whose_metadata_queue_died_with_its_node_is_run_again_and_its_wor
     assert len(bus.starts()) == 2
 
 
+def test_a_task_whose_metadata_queue_died_before_its_first_read_is_run_again_instead_of_holding_its_slot(
+    tmp_path: Path,
+) -> None:
+    # Given a start a worker took, declaring the task's metadata queue on its node
+    coordinator, bus = make(tmp_path, collect_tasks=1)
+    coordinator.turn()
+    sent = bus.starts()[-1]
+    task_id = StartTask.from_wire(sent.body).task_id
+    reply = bus.accept(sent, "w1")
+    # When that node dies before the coordinator reads the reply and the queue
+    del bus.queues[reply.metadata_queue]
+    coordinator.turn()
+    # Then the task is given up at once, its worker told to close it, and it runs again
+    assert task_id not in coordinator.driver.tasks
+    assert coordinator.stats.tasks_rerun == 1
+    assert last_close(bus).body == {"name": TaskName.CLOSE.value, "task_id": task_id}
+    coordinator.turn()
+    assert len(bus.starts()) == 2
+
+
 def test_a_metadata_queue_lost_after_the_tasks_last_item_lets_the_close_go_on(tmp_path: Path) -> None:
     coordinator, bus = make(tmp_path, collect_tasks=1)
     sent, queue = started(bus, coordinator)

@@ -164,8 +164,12 @@ class CollectorRun:
 
     @property
     def stuck(self) -> bool:
-        """Asked to stop, and still running: its thread is caught in env or plug-in code."""
-        return self.stop.is_set() and self._thread.is_alive()
+        """Asked to stop, and still running: its thread is caught in env or plug-in code.
+
+        Not once :attr:`finished` is set: the thread is past its envs then, only ending
+        (its last act, ``on_ended``, asks this while a close may already have set ``stop``).
+        """
+        return self.stop.is_set() and self._thread.is_alive() and not self.finished.is_set()
 
     def abort(self, timeout_s: float) -> None:
         """Stop for a worker shutdown: the final info says the task was aborted, not done."""

@@ -217,7 +217,13 @@ class TaskDriver:
             reply.metadata_queue,
         )
         task.frees_worker = reply.free_when_done
-        task.stream = self.bus.stream(reply.metadata_queue)
+        try:
+            task.stream = self.bus.stream(reply.metadata_queue)
+        except QueueNotFound as exc:
+            # Its node died between the worker's declaration and this read: left as it is,
+            # the task would wait in STARTING for a reply already taken, holding its slot.
+            self._stream_lost(task, exc)
+            return
         task.state = State.RUNNING
         task.last_heard = time.monotonic()
         self.stats.workers.add(reply.worker_id)
@@ -236,7 +242,7 @@ class TaskDriver:
             self._stream_lost(task, exc)
 
     def _stream_lost(self, task: Task, error: QueueNotFound) -> None:
-        """The task's metadata queue is gone under its reader: it died with its node.
+        """The task's metadata queue is gone under its reader, or before its first read: it died with its node.
 
         A metadata queue is a classic queue on one node. Once the task's last info was read
         nothing is missing, and the close goes on; before that, what the queue still held
