@@ -584,6 +584,38 @@ def test_a_close_to_a_vanished_worker_completes_the_task_from_its_last_info(tmp_
     assert record["task_id"] == task_id and record["cur_step"] == 256
 
 
+def test_an_eval_whose_worker_left_before_its_close_reply_is_run_again_at_once(tmp_path: Path) -> None:
+    # Given an eval that played its episodes on a worker
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
+    coordinator.schedule.next_eval = 0.0
+    coordinator.turn()
+    sent = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag][-1]
+    reply = bus.accept(sent, "w9")
+    coordinator.turn()
+    # When the worker dies before its close reply, which carries the eval's result
+    bus.alive.clear()
+    bus.push(reply.metadata_queue, info(reply.task_id, steps=1000, done=True))
+    coordinator.turn()
+    # Then the eval is counted as a rerun and another one starts at once, not an interval later
+    assert reply.task_id not in coordinator.driver.tasks
+    assert coordinator.stats.tasks_rerun == 1 and records(tmp_path, "eval") == []
+    coordinator.turn()
+    evals = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag]
+    assert len(evals) == 2
+
+
+def test_an_eval_without_its_close_reply_as_the_run_ends_is_not_run_again(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
+    coordinator.schedule.next_eval = 0.0
+    coordinator.turn()
+    sent = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag][-1]
+    reply = bus.accept(sent, "w9")
+    coordinator.turn()
+    bus.alive.clear()
+    coordinator.driver.close_all()
+    assert reply.task_id not in coordinator.driver.tasks and coordinator.stats.tasks_rerun == 0
+
+
 def test_shutdown_closes_running_tasks_and_starting_ones_once_they_start(tmp_path: Path) -> None:
     coordinator, bus = make(tmp_path, collect_tasks=1, eval_interval_s=0.0)
     coordinator.turn()

@@ -100,6 +100,8 @@ class TaskDriver:
         self.plugins = plugins
         self.tasks: dict[str, Task] = {}
         self.seq = 0
+        self.closing = False
+        """The run is ending: :meth:`close_all` asked every task to close."""
         self.relay = DataRelay(bus, learner_queue)
 
     # -- starting -------------------------------------------------------------------
@@ -309,7 +311,7 @@ class TaskDriver:
             )
         except QueueNotFound:
             logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)
-            self.complete(task, None)
+            self._ended_unanswered(task)
             return
         if task.state is not State.CLOSING:
             task.state = State.CLOSING
@@ -323,18 +325,18 @@ class TaskDriver:
             result = self.bus.poll(task.correlation_id)
         except QueueNotFound:
             logger.warning("worker %s left before task %s was closed", task.worker_id, task.task_id)
-            self.complete(task, None)
+            self._ended_unanswered(task)
             return
         except RemoteError as exc:
             logger.warning("closing task %s: %s", task.task_id, exc.message)
-            self.complete(task, None)
+            self._ended_unanswered(task)
             return
         if result is None:
             now = time.monotonic()
             if now > task.deadline:
                 logger.warning("task %s: no close reply from %s", task.task_id, task.worker_id)
                 self.bus.abandon(task.correlation_id)
-                self.complete(task, None)
+                self._ended_unanswered(task)
             elif now > task.resend_at:
                 logger.info("task %s: no close reply from %s yet; asking again", task.task_id, task.worker_id)
                 self.bus.abandon(task.correlation_id)
@@ -347,6 +349,19 @@ class TaskDriver:
             logger.warning("task %s: %s", task.task_id, exc.message)
             finish = None
         self.complete(task, finish)
+
+    def _ended_unanswered(self, task: Task) -> None:
+        """The task is over without its close reply (its worker left, refused or never answered).
+
+        A collect task is complete: its data came through its stream. An eval's result
+        is its close reply (the episodes it played), so without one it runs again, at once,
+        unless the run is closing its tasks anyway.
+        """
+        if task.kind is Kind.EVAL and not self.closing:
+            logger.warning("eval task %s ended without its result; running an eval again", task.task_id)
+            self.drop(task, rerun=True)
+        else:
+            self.complete(task, None)
 
     def complete(self, task: Task, finish: FinishInfo | None) -> None:
         """The task is over: read what is left of its stream, free its queue, report it."""
@@ -396,7 +411,7 @@ class TaskDriver:
             return
         self._drain(task)
         if task.done:
-            self.complete(task, None)
+            self._ended_unanswered(task)
             return
         self.drop(task, rerun=True)
 
@@ -433,6 +448,7 @@ class TaskDriver:
 
     def close_all(self) -> None:
         """Ask every running task to close, and every starting one to close once it started."""
+        self.closing = True
         for task in list(self.tasks.values()):
             if task.state is State.RUNNING:
                 try:
