@@ -604,6 +604,20 @@ def test_an_eval_whose_worker_left_before_its_close_reply_is_run_again_at_once(t
     assert len(evals) == 2
 
 
+def test_an_eval_that_said_it_failed_and_lost_its_worker_counts_as_a_failure_not_a_rerun(tmp_path: Path) -> None:
+    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
+    coordinator.schedule.next_eval = 0.0
+    coordinator.turn()
+    sent = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag][-1]
+    reply = bus.accept(sent, "w9")
+    coordinator.turn()
+    bus.alive.clear()
+    bus.push(reply.metadata_queue, info(reply.task_id, steps=10, done=True, error="env.step: boom"))
+    coordinator.turn()
+    assert reply.task_id not in coordinator.driver.tasks and coordinator.stats.tasks_rerun == 0
+    assert coordinator.failures.streaks[Kind.EVAL].in_a_row == 1  # a plug-in failing evals still ends the run
+
+
 def test_an_eval_without_its_close_reply_as_the_run_ends_is_not_run_again(tmp_path: Path) -> None:
     coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
     coordinator.schedule.next_eval = 0.0

@@ -355,9 +355,11 @@ class TaskDriver:
 
         A collect task is complete: its data came through its stream. An eval's result
         is its close reply (the episodes it played), so without one it runs again, at once,
-        unless the run is closing its tasks anyway.
+        unless the run is closing its tasks anyway, or the eval said it failed (completed,
+        that failure counts towards giving up, so a failing plug-in cannot make evals spin).
         """
-        if task.kind is Kind.EVAL and not self.closing:
+        failed = task.last_info is not None and task.last_info.error is not None
+        if task.kind is Kind.EVAL and not self.closing and not failed:
             logger.warning("eval task %s ended without its result; running an eval again", task.task_id)
             self.drop(task, rerun=True)
         else:
