@@ -584,14 +584,20 @@ def test_a_close_to_a_vanished_worker_completes_the_task_from_its_last_info(tmp_
     assert record["task_id"] == task_id and record["cur_step"] == 256
 
 
-def test_an_eval_whose_worker_left_before_its_close_reply_is_run_again_at_once(tmp_path: Path) -> None:
-    # Given an eval that played its episodes on a worker
+def eval_running(tmp_path: Path) -> tuple[Coordinator, FakeBus, StartReply]:
+    """A coordinator whose eval, started at once, runs on worker w9; its start reply."""
     coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
     coordinator.schedule.next_eval = 0.0
     coordinator.turn()
     sent = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag][-1]
     reply = bus.accept(sent, "w9")
     coordinator.turn()
+    return coordinator, bus, reply
+
+
+def test_an_eval_whose_worker_left_before_its_close_reply_is_run_again_at_once(tmp_path: Path) -> None:
+    # Given an eval that played its episodes on a worker
+    coordinator, bus, reply = eval_running(tmp_path)
     # When the worker dies before its close reply, which carries the eval's result
     bus.alive.clear()
     bus.push(reply.metadata_queue, info(reply.task_id, steps=1000, done=True))
@@ -605,12 +611,7 @@ def test_an_eval_whose_worker_left_before_its_close_reply_is_run_again_at_once(t
 
 
 def test_an_eval_that_said_it_failed_and_lost_its_worker_counts_as_a_failure_not_a_rerun(tmp_path: Path) -> None:
-    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
-    coordinator.schedule.next_eval = 0.0
-    coordinator.turn()
-    sent = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag][-1]
-    reply = bus.accept(sent, "w9")
-    coordinator.turn()
+    coordinator, bus, reply = eval_running(tmp_path)
     bus.alive.clear()
     bus.push(reply.metadata_queue, info(reply.task_id, steps=10, done=True, error="env.step: boom"))
     coordinator.turn()
@@ -619,12 +620,7 @@ def test_an_eval_that_said_it_failed_and_lost_its_worker_counts_as_a_failure_not
 
 
 def test_an_eval_without_its_close_reply_as_the_run_ends_is_not_run_again(tmp_path: Path) -> None:
-    coordinator, bus = make(tmp_path, idle=0, eval_interval_s=3600.0)
-    coordinator.schedule.next_eval = 0.0
-    coordinator.turn()
-    sent = [s for s in bus.starts() if StartTask.from_wire(s.body).cfg.eval_flag][-1]
-    reply = bus.accept(sent, "w9")
-    coordinator.turn()
+    coordinator, bus, reply = eval_running(tmp_path)
     bus.alive.clear()
     coordinator.driver.close_all()
     assert reply.task_id not in coordinator.driver.tasks and coordinator.stats.tasks_rerun == 0
