@@ -127,7 +127,6 @@ class Coordinator:
         self.continue_ended = continue_ended
         self.shutdown_s = SHUTDOWN_S
         """How long running tasks get to close when the run ends."""
-        self._ending = False
         self._no_worker_since: float | None = time.monotonic()  # none seen yet
         self._counters_path = counters_path(config.path_policy, coord.policy_name)
         self._started_at = time.time()
@@ -357,7 +356,7 @@ class Coordinator:
 
     def _count_outcome(self, task: Task, finish: FinishInfo | None) -> None:
         """Count a task's success or failure: pause the starts after a failure, give up after too many in a row."""
-        if self._ending:
+        if self.driver.closing:
             return  # closed by the end of the run: says nothing about the plug-ins
         counted = self.failures.count(task, finish)
         if isinstance(counted, GiveUp):
@@ -379,7 +378,7 @@ class Coordinator:
         if task.kind is Kind.COLLECT:
             self.run_log.write("task", record)
             return
-        if self.stop_rule.completed(task, finish, record, ending=self._ending):
+        if self.stop_rule.completed(task, finish, record, ending=self.driver.closing):
             if finish is not None and self.best.evaluated(task, finish, self.stats.env_steps):
                 record["best"] = True  # its policy is kept as <policy name>.best
             if finish is not None and self.videos.evaluated(self.stats.evals, task, finish, self.stats.env_steps):
@@ -430,7 +429,6 @@ class Coordinator:
         self._policy_left = self.policy.finish(confirmed[0].policy_file if confirmed is not None else None)
         now = time.monotonic()
         deadline, starts_deadline = now + self.shutdown_s, now + min(START_CANCEL_S, self.shutdown_s)
-        self._ending = True
         self.driver.close_all()
         while self.driver.tasks and time.monotonic() < deadline:
             if time.monotonic() >= starts_deadline and all(
